@@ -1,0 +1,1 @@
+"""Plain model code (Keras). Nothing here imports the replibench engine."""

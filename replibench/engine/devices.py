@@ -1,0 +1,58 @@
+"""Making the local devices a topology asks for visible to TensorFlow.
+
+With no accelerator, N replicas on one host are N logical CPU devices. TensorFlow
+fixes its device list when the runtime initialises (the first op), so the split
+must happen before that; afterwards it can only be checked.
+"""
+
+import os
+
+import tensorflow as tf
+
+from replibench.errors import UserError
+
+# Tests and tools that need several replicas set this before importing TensorFlow
+# work; the engine reads it as the minimum number of logical CPUs to create.
+CPU_DEVICES_ENV = "REPLIBENCH_CPU_DEVICES"
+
+
+def ensure_logical_cpus(n: int) -> list[str]:
+  """Returns the names of n logical CPU devices, creating them if still possible."""
+  cpus = tf.config.list_physical_devices("CPU")
+  want = max(n, int(os.environ.get(CPU_DEVICES_ENV, "1")))
+  try:
+    if len(tf.config.get_logical_device_configuration(cpus[0]) or []) < want:
+      tf.config.set_logical_device_configuration(
+          cpus[0], [tf.config.LogicalDeviceConfiguration()] * want)
+  except RuntimeError:
+    pass  # Runtime already initialised: use what exists, checked below.
+  logical = tf.config.list_logical_devices("CPU")
+  if len(logical) < n:
+    raise UserError(
+        f"The topology asks for {n} CPU replicas but TensorFlow was initialised with "
+        f"{len(logical)} logical CPU device(s), and the device list cannot change after "
+        f"initialisation. Build the topology before running any TensorFlow op, or set "
+        f"{CPU_DEVICES_ENV}={n} in the environment before the process starts.")
+  return [d.name for d in logical[:n]]
+
+
+def gpu_names() -> list[str]:
+  return [d.name for d in tf.config.list_logical_devices("GPU")]
+
+
+def local_devices(num_replicas: int, device: str) -> list[str]:
+  """Device names for num_replicas replicas of type device ('auto', 'cpu', 'gpu')."""
+  if device not in ("auto", "cpu", "gpu"):
+    raise UserError(f"Local(device={device!r}): device must be 'auto', 'cpu' or 'gpu'.")
+  if device == "cpu" or (device == "auto" and not tf.config.list_physical_devices("GPU")):
+    return ensure_logical_cpus(num_replicas)
+  gpus = gpu_names()
+  if not gpus:
+    raise UserError(
+        "Local(device='gpu') asks for GPUs but TensorFlow sees none on this machine "
+        "(tf.config.list_physical_devices('GPU') is empty). Use device='auto' or 'cpu'.")
+  if num_replicas > len(gpus):
+    raise UserError(
+        f"Local(num_replicas={num_replicas}, device='gpu'): only {len(gpus)} GPU(s) are "
+        f"visible, one replica per GPU.")
+  return gpus[:num_replicas]
