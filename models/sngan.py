@@ -1,0 +1,266 @@
+"""SN-GAN: ResNet generator with conditional BN, SN ResNet projection discriminator.
+
+Follows the authors' Chainer code (pfnet-research/sngan_projection; Miyato et al.
+2018, Miyato & Koyama 2018): the generator is unnormalised apart from its batch
+norms; every discriminator layer is spectrally normalised; the class enters the
+discriminator by projection, D(x, y) = linear(h) + <embed(y), h> with h the
+sum-pooled features. Images are NHWC floats in [-1, 1] (tanh output).
+
+Keras 3 cannot wrap a Layer class in gin.configurable (its argspec check fails on
+gin's __init__ wrapper), so gin configures the builder functions below. Two sizes:
+
+  Fashion-MNIST 28x28x1 (the defaults): G 128 -> 7x7x64 -> 14 -> 28, width 64;
+  D 28 -> 14 -> 7 -> 7 with widths 64, 128, 128.
+  ImageNet 128x128x3 (projection paper, "ch=64"): IMAGENET128_GENERATOR and
+  IMAGENET128_DISCRIMINATOR, e.g. in gin
+    sngan_generator.ch = 64
+    sngan_generator.widths = (16, 16, 8, 4, 2, 1)
+    sngan_generator.bottom_width = 4
+    sngan_generator.out_channels = 3
+    sngan_discriminator.widths = (1, 2, 4, 8, 16, 16)
+    sngan_discriminator.downsample = (True, True, True, True, True, False)
+"""
+
+from typing import Callable, Sequence
+
+import gin
+import keras
+from keras import ops
+
+from models.spectral_norm import SNConv2D, SNDense, SNEmbedding
+
+IMAGENET128_GENERATOR = dict(z_dim=128, ch=64, widths=(16, 16, 8, 4, 2, 1),
+                             bottom_width=4, out_channels=3)
+IMAGENET128_DISCRIMINATOR = dict(ch=64, widths=(1, 2, 4, 8, 16, 16),
+                                 downsample=(True, True, True, True, True, False))
+
+NormFactory = Callable[..., keras.layers.Layer]
+
+
+def _glorot_sqrt2():
+  # Chainer GlorotUniform(sqrt(2)) scales the uniform limit by sqrt(2), i.e. the
+  # variance by 2; the authors use it for the 3x3 convs of every residual block.
+  return keras.initializers.VarianceScaling(2.0, mode="fan_avg", distribution="uniform")
+
+
+class MeanAggregatedBatchNorm(keras.layers.BatchNormalization):
+  """BatchNormalization whose moving statistics stay identical across replicas.
+
+  Keras 3 creates the moving mean/variance with aggregation 'none', so under
+  tf.distribute every replica silently keeps its own copy. With 'mean' each
+  update is averaged over replicas (what tf.keras did). Batch statistics are
+  still per replica; plug a cross-replica BN into the norm factory for global ones.
+  """
+
+  def add_weight(self, *args, trainable=True, aggregation="none", **kwargs):
+    if not trainable and aggregation == "none":
+      aggregation = "mean"
+    return super().add_weight(*args, trainable=trainable, aggregation=aggregation,
+                              **kwargs)
+
+
+@gin.configurable
+def sngan_batch_norm(name=None, momentum=0.9, epsilon=2e-5):
+  """The default normaliser: BN without affine parameters (Chainer's decay/eps)."""
+  return MeanAggregatedBatchNorm(center=False, scale=False, momentum=momentum,
+                                 epsilon=epsilon, name=name)
+
+
+class ConditionalBatchNorm(keras.layers.Layer):
+  """norm(x) * gamma[y] + beta[y]: per-class scale and shift on an affine-free norm.
+
+  num_classes=0 gives one unconditional gamma/beta (labels ignored). gamma starts
+  at 1, beta at 0. Input NHWC float, labels int [B].
+  """
+
+  def __init__(self, num_classes: int, norm_factory: NormFactory = sngan_batch_norm,
+               **kwargs):
+    super().__init__(**kwargs)
+    self.num_classes = num_classes
+    self.norm = norm_factory(name="norm")
+
+  def build(self, input_shape):
+    channels = input_shape[-1]
+    rows = max(self.num_classes, 1)
+    self.gamma = self.add_weight(name="gamma", shape=(rows, channels), initializer="ones")
+    self.beta = self.add_weight(name="beta", shape=(rows, channels), initializer="zeros")
+
+  def call(self, x, labels=None, training=None):
+    h = self.norm(x, training=training)
+    if self.num_classes:
+      gamma = ops.take(self.gamma, ops.cast(labels, "int32"), axis=0)[:, None, None, :]
+      beta = ops.take(self.beta, ops.cast(labels, "int32"), axis=0)[:, None, None, :]
+    else:
+      gamma, beta = self.gamma[0], self.beta[0]
+    return h * gamma + beta
+
+
+class GeneratorBlock(keras.layers.Layer):
+  """Pre-activation up-block: CBN-ReLU-up-conv3x3-CBN-ReLU-conv3x3 + (up, conv1x1)."""
+
+  def __init__(self, in_channels, out_channels, num_classes, norm_factory,
+               upsample=True, **kwargs):
+    super().__init__(**kwargs)
+    self.upsample = keras.layers.UpSampling2D(2) if upsample else None
+    self.b1 = ConditionalBatchNorm(num_classes, norm_factory, name="b1")
+    self.c1 = keras.layers.Conv2D(out_channels, 3, padding="same",
+                                  kernel_initializer=_glorot_sqrt2(), name="c1")
+    self.b2 = ConditionalBatchNorm(num_classes, norm_factory, name="b2")
+    self.c2 = keras.layers.Conv2D(out_channels, 3, padding="same",
+                                  kernel_initializer=_glorot_sqrt2(), name="c2")
+    self.c_sc = None
+    if in_channels != out_channels or upsample:
+      self.c_sc = keras.layers.Conv2D(out_channels, 1, name="c_sc")
+
+  def call(self, x, labels=None, training=None):
+    h = ops.relu(self.b1(x, labels, training=training))
+    if self.upsample is not None:
+      h = self.upsample(h)
+    h = self.c1(h)
+    h = self.c2(ops.relu(self.b2(h, labels, training=training)))
+    shortcut = x
+    if self.c_sc is not None:
+      # A 1x1 conv commutes with nearest upsampling; convolving first is cheaper.
+      shortcut = self.c_sc(shortcut)
+      if self.upsample is not None:
+        shortcut = self.upsample(shortcut)
+    return h + shortcut
+
+
+class DiscriminatorBlock(keras.layers.Layer):
+  """SN residual down-block.
+
+  Regular: ReLU-conv3x3-ReLU-conv3x3-avgpool + (conv1x1, avgpool); the hidden
+  width is the input width. optimized=True (the first block, on raw images):
+  conv3x3-ReLU-conv3x3-avgpool + (avgpool, conv1x1), no leading ReLU.
+  """
+
+  def __init__(self, in_channels, out_channels, downsample=True, optimized=False,
+               **kwargs):
+    super().__init__(**kwargs)
+    self.optimized = optimized
+    hidden = out_channels if optimized else in_channels
+    self.pool = keras.layers.AveragePooling2D(2) if downsample else None
+    self.c1 = SNConv2D(hidden, 3, kernel_initializer=_glorot_sqrt2(), name="c1")
+    self.c2 = SNConv2D(out_channels, 3, kernel_initializer=_glorot_sqrt2(), name="c2")
+    self.c_sc = None
+    if optimized or in_channels != out_channels or downsample:
+      self.c_sc = SNConv2D(out_channels, 1, name="c_sc")
+
+  def _pool(self, x):
+    return self.pool(x) if self.pool is not None else x
+
+  def call(self, x, training=None):
+    h = x if self.optimized else ops.relu(x)
+    h = self.c1(h, training=training)
+    h = self._pool(self.c2(ops.relu(h), training=training))
+    if self.c_sc is None:
+      return h + x
+    if self.optimized:
+      return h + self.c_sc(self._pool(x), training=training)
+    return h + self._pool(self.c_sc(x, training=training))
+
+
+class ResNetGenerator(keras.Model):
+  """z [B, z_dim] float, labels int [B] -> images [B, H, W, out_channels] in [-1, 1].
+
+  Dense to bottom_width^2 * ch*widths[0], then one up-block per later entry of
+  widths (ch*w channels each), then BN-ReLU-conv3x3-tanh. H = W =
+  bottom_width * 2**(len(widths) - 1).
+  """
+
+  def __init__(self, num_classes, z_dim, ch, widths, bottom_width, out_channels,
+               norm_factory, **kwargs):
+    super().__init__(**kwargs)
+    self.num_classes = num_classes
+    self.z_dim = z_dim
+    self.bottom = (bottom_width, bottom_width, ch * widths[0])
+    self.l1 = keras.layers.Dense(bottom_width * bottom_width * ch * widths[0], name="l1")
+    self.blocks = [
+        GeneratorBlock(ch * w_in, ch * w_out, num_classes, norm_factory, name=f"block{i}")
+        for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:]), start=2)]
+    self.b_out = ConditionalBatchNorm(0, norm_factory, name="b_out")
+    self.c_out = keras.layers.Conv2D(out_channels, 3, padding="same", name="c_out")
+
+  def call(self, z, labels=None, training=None):
+    h = ops.reshape(self.l1(z), (-1,) + self.bottom)
+    for block in self.blocks:
+      h = block(h, labels, training=training)
+    h = ops.relu(self.b_out(h, training=training))
+    return ops.tanh(self.c_out(h))
+
+
+class ResNetProjectionDiscriminator(keras.Model):
+  """images [B, H, W, C] in [-1, 1], labels int [B] -> logits float [B].
+
+  Block i has ch*widths[i] channels and halves the resolution if downsample[i];
+  block 0 is the optimized block. num_classes=0 drops the projection term.
+  """
+
+  def __init__(self, num_classes, ch, widths, downsample, in_channels, **kwargs):
+    super().__init__(**kwargs)
+    if len(widths) != len(downsample):
+      raise ValueError(f"widths {widths} and downsample {downsample} differ in length")
+    self.num_classes = num_classes
+    channels = [in_channels] + [ch * w for w in widths]
+    self.blocks = [
+        DiscriminatorBlock(channels[i], channels[i + 1], downsample[i], optimized=i == 0,
+                           name=f"block{i + 1}")
+        for i in range(len(widths))]
+    self.l_out = SNDense(1, name="l_out")
+    self.l_y = (SNEmbedding(num_classes, channels[-1], name="l_y")
+                if num_classes else None)
+
+  def call(self, images, labels=None, training=None):
+    h = images
+    for block in self.blocks:
+      h = block(h, training=training)
+    h = ops.sum(ops.relu(h), axis=(1, 2))  # Sum (not mean) pooling, as the paper.
+    logits = self.l_out(h, training=training)[:, 0]
+    if self.l_y is not None:
+      logits = logits + ops.sum(self.l_y(labels, training=training) * h, axis=1)
+    return logits
+
+
+@gin.configurable
+def sngan_generator(num_classes: int = 10, z_dim: int = 128, ch: int = 64,
+                    widths: Sequence[int] = (1, 1, 1), bottom_width: int = 7,
+                    out_channels: int = 1,
+                    norm_factory: NormFactory = sngan_batch_norm) -> ResNetGenerator:
+  """The conditional ResNet generator; defaults are the Fashion-MNIST size."""
+  return ResNetGenerator(num_classes, z_dim, ch, tuple(widths), bottom_width,
+                         out_channels, norm_factory, name="generator")
+
+
+@gin.configurable
+def sngan_discriminator(num_classes: int = 10, ch: int = 64,
+                        widths: Sequence[int] = (1, 2, 2),
+                        downsample: Sequence[bool] = (True, True, False),
+                        in_channels: int = 1) -> ResNetProjectionDiscriminator:
+  """The SN ResNet projection discriminator; defaults are the Fashion-MNIST size."""
+  return ResNetProjectionDiscriminator(num_classes, ch, tuple(widths), tuple(downsample),
+                                       in_channels, name="discriminator")
+
+
+def build_models(generator, discriminator, batch_size=2):
+  """Creates all variables with one inference pass (call under strategy.scope()).
+
+  Variables must exist before a replicated step is traced; training=False leaves
+  u vectors and BN statistics untouched.
+  """
+  z = keras.random.normal((batch_size, generator.z_dim), seed=0)
+  labels = ops.zeros((batch_size,), "int32")
+  images = generator(z, labels, training=False)
+  discriminator(images, labels, training=False)
+
+
+@gin.configurable
+def d_hinge_loss(real_logits, fake_logits):
+  """mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))), means over this batch."""
+  return (ops.mean(ops.relu(1.0 - real_logits)) + ops.mean(ops.relu(1.0 + fake_logits)))
+
+
+@gin.configurable
+def g_hinge_loss(fake_logits):
+  """-mean(D(G(z))) over this batch."""
+  return -ops.mean(fake_logits)

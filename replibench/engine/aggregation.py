@@ -1,0 +1,51 @@
+"""Gradient aggregation across replicas: the paper's optimizer wrapper.
+
+The engine owns the reduction so that replication does not change the math:
+gradients are summed over replicas once, and the optimizer then sees the
+global-batch gradient on every replica. Keras 3 optimizers would otherwise sum
+gradients themselves *after* applying clipnorm/global_clipnorm to each
+replica's share, which changes the math as soon as clipping is active.
+"""
+
+import tensorflow as tf
+
+from replibench.engine import collectives
+
+
+def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
+  """Loss whose gradients, summed over replicas, are those of the global mean.
+
+  per_example_loss: [per_replica_batch] float. Returns a scalar.
+  """
+  return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
+
+
+def all_reduce_gradients(grads: list) -> list:
+  """Sums gradients over replicas in one collective (None entries pass through)."""
+  present = [g for g in grads if g is not None]
+  if not present:
+    return list(grads)
+  reduced = iter(collectives.all_reduce(present, "sum"))
+  return [None if g is None else next(reduced) for g in grads]
+
+
+def _take_over_reduction(optimizer) -> None:
+  # Keras 3's TF optimizer all-reduces in `_all_reduce_sum_gradients`; the
+  # gradients we pass are already reduced, so that hook becomes the identity.
+  if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+    raise TypeError(
+        f"{type(optimizer).__name__} is not a Keras 3 TensorFlow optimizer; the engine "
+        "cannot take over its gradient reduction.")
+  optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+
+
+def apply_gradients(optimizer, grads: list, variables: list) -> None:
+  """All-reduces grads over replicas, then applies them with optimizer.
+
+  Call inside a replicated step with per-replica gradients of a loss scaled by
+  `average_loss` (their sum is the global-batch gradient). The optimizer's own
+  clipnorm / global_clipnorm then act on that full gradient.
+  """
+  _take_over_reduction(optimizer)
+  grads = all_reduce_gradients(grads)
+  optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])

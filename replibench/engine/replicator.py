@@ -1,0 +1,138 @@
+"""The Replicator: runs single-device `input_fn` / `step_fn` code on a topology.
+
+    replicator = Replicator(topology.Local(num_replicas=4))
+    with replicator.scope():
+      model, optimizer = build()
+    train = replicator.compile(step_fn, input_fn, global_batch_size=256, steps_per_call=10)
+    metrics = train()   # 10 replicated steps in one tf.function graph
+
+`step_fn(batch)` is written for one replica; inside it the collectives in
+`replibench.engine.collectives` and `aggregation.apply_gradients` talk to the
+other replicas. `input_fn(ctx)` builds one input pipeline at the per-replica
+batch size given by `ctx`.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from replibench.engine.topology import Topology
+from replibench.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+  """What `input_fn` needs to build one pipeline of the replicated input."""
+
+  per_replica_batch_size: int
+  input_pipeline_id: int
+  num_input_pipelines: int
+  num_replicas: int
+
+
+def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
+  """Splits the global batch evenly; the math must not depend on the split."""
+  if global_batch_size % num_replicas:
+    raise UserError(
+        f"The global batch size {global_batch_size} does not divide over {num_replicas} "
+        f"replicas; choose a multiple of {num_replicas} (e.g. "
+        f"{global_batch_size - global_batch_size % num_replicas or num_replicas}).")
+  return global_batch_size // num_replicas
+
+
+class CompiledStep:
+  """k replicated training steps in one tf.function; call it to run them.
+
+  Returns the step outputs (a dict of scalars) averaged over replicas and over
+  the k steps, as host numpy values. `iterator` is checkpointable where the
+  strategy supports it.
+  """
+
+  def __init__(self, replicator: "Replicator", step_fn, dataset, steps_per_call: int):
+    self.replicator = replicator
+    self.steps_per_call = steps_per_call
+    self._step_fn = step_fn
+    self.iterator = iter(dataset)
+    self._fn = tf.function(self._steps)
+
+  def _one(self):
+    outputs = self.replicator.run(self._step_fn, next(self.iterator))
+    return self.replicator.reduce(outputs, "mean")
+
+  def _steps(self):
+    total = self._one()
+    for _ in tf.range(self.steps_per_call - 1):
+      total = tf.nest.map_structure(tf.add, total, self._one())
+    return tf.nest.map_structure(lambda t: t / self.steps_per_call, total)
+
+  def __call__(self) -> dict:
+    return tf.nest.map_structure(lambda t: t.numpy(), self._fn())
+
+
+class Replicator:
+  """Replicates single-device training code over a topology's replicas."""
+
+  def __init__(self, topology: Topology):
+    self.topology = topology
+    self.strategy = topology.make_strategy()
+
+  @property
+  def num_replicas(self) -> int:
+    return self.strategy.num_replicas_in_sync
+
+  def _cluster(self) -> dict:
+    resolver = getattr(self.strategy, "cluster_resolver", None)
+    return resolver.cluster_spec().as_dict() if resolver is not None else {}
+
+  @property
+  def num_workers(self) -> int:
+    cluster = self._cluster()
+    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+
+  @property
+  def is_chief(self) -> bool:
+    """True on the one process that writes summaries, results and checkpoints."""
+    cluster = self._cluster()
+    if not cluster:
+      return True
+    resolver = self.strategy.cluster_resolver
+    if "chief" in cluster:
+      return resolver.task_type == "chief"
+    return resolver.task_type == "worker" and resolver.task_id == 0
+
+  def scope(self):
+    """Variables (models, optimizers, metrics) created here are replicated."""
+    return self.strategy.scope()
+
+  def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
+                 global_batch_size: int):
+    """A distributed dataset: each replica gets its own per-replica batch."""
+    per_replica = per_replica_batch_size(global_batch_size, self.num_replicas)
+
+    def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      return input_fn(InputContext(per_replica, tf_ctx.input_pipeline_id,
+                                   tf_ctx.num_input_pipelines, self.num_replicas))
+
+    return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+  def run(self, step_fn: Callable, *args, **kwargs) -> Any:
+    """Runs step_fn once on every replica; returns per-replica results."""
+    return self.strategy.run(step_fn, args=args, kwargs=kwargs)
+
+  def reduce(self, values, op: str = "mean"):
+    """Per-replica results to host values: 'sum', 'mean' (scalars) or 'concat'."""
+    if op == "concat":
+      return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), values)
+    if op not in ("sum", "mean"):
+      raise ValueError(f"reduce op must be 'sum', 'mean' or 'concat', got {op!r}.")
+    reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
+    return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
+
+  def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
+              steps_per_call: int = 1) -> CompiledStep:
+    """Traces steps_per_call replicated steps of step_fn over input_fn's data."""
+    if steps_per_call < 1:
+      raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
+    return CompiledStep(self, step_fn, self.distribute(input_fn, global_batch_size),
+                        steps_per_call)

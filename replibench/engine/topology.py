@@ -1,0 +1,141 @@
+"""Topologies: where the replicas live. Each one builds its tf.distribute strategy.
+
+A topology is declared in gin (`@topology.Local()` ...) or built in Python, and
+knows how many replicas it has without touching devices, so a config for
+hardware this machine lacks can still be planned. `make_strategy` is the only
+place that touches devices.
+"""
+
+import dataclasses
+import json
+import os
+
+import gin
+import tensorflow as tf
+
+from replibench.engine import devices
+from replibench.errors import UserError
+
+
+class Topology:
+  """Base class. Subclasses are frozen dataclasses."""
+
+  kind = "abstract"        # Stored in results: how replicas map to hardware.
+  num_replicas: int
+
+  def make_strategy(self) -> tf.distribute.Strategy:
+    raise NotImplementedError
+
+  def describe(self) -> str:
+    fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+    return f"{type(self).__name__}({fields})"
+
+
+@gin.configurable(module="topology")
+@dataclasses.dataclass(frozen=True)
+class Local(Topology):
+  """num_replicas replicas on this host: one per GPU, or logical CPU devices."""
+
+  num_replicas: int = 1
+  device: str = "auto"
+  kind = "logical_replicas"
+
+  def __post_init__(self):
+    if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
+      raise UserError(f"Local(num_replicas={self.num_replicas!r}): need a positive integer.")
+
+  def make_strategy(self):
+    names = devices.local_devices(self.num_replicas, self.device)
+    if "GPU" in names[0]:
+      return tf.distribute.MirroredStrategy(names)
+    # On CPU the default NCCL path does not exist; reduce on the host.
+    return tf.distribute.MirroredStrategy(
+        names, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=names[0]))
+
+
+def read_tf_config() -> dict:
+  """Parses and validates TF_CONFIG for a multi-worker run."""
+  raw = os.environ.get("TF_CONFIG")
+  if not raw:
+    raise UserError(
+        "topology.MultiWorker needs the TF_CONFIG environment variable (cluster and task), "
+        "as Kubeflow and other launchers set it; for a local try use "
+        "`replibench launch --workers N -- run ...`.")
+  try:
+    config = json.loads(raw)
+    workers = config["cluster"]["worker"]
+    task_type, index = config["task"]["type"], int(config["task"]["index"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise UserError(
+        f"TF_CONFIG is malformed ({type(e).__name__}: {e}); expected JSON like "
+        '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.'
+    ) from None
+  if task_type not in ("worker", "chief") or not 0 <= index < len(config["cluster"].get(task_type, [])):
+    raise UserError(
+        f"TF_CONFIG names this task {task_type!r} #{index}, which is not in its cluster "
+        f"{config['cluster']}; each process needs its own task entry.")
+  return config
+
+
+@gin.configurable(module="topology")
+@dataclasses.dataclass(frozen=True)
+class MultiWorker(Topology):
+  """The cluster in TF_CONFIG; each worker process contributes its local replicas.
+
+  workers: expected number of workers, used for planning and checked against
+  TF_CONFIG at run time (0 = whatever TF_CONFIG says). On CPU each worker has
+  one replica; on GPU hosts, one per GPU.
+  """
+
+  workers: int = 0
+  replicas_per_worker: int = 1
+  kind = "worker_processes"
+
+  @property
+  def num_replicas(self) -> int:
+    workers = self.workers
+    if not workers and os.environ.get("TF_CONFIG"):
+      workers = len(read_tf_config()["cluster"]["worker"])
+    return max(workers, 1) * self.replicas_per_worker
+
+  def make_strategy(self):
+    config = read_tf_config()
+    found = len(config["cluster"]["worker"]) + len(config["cluster"].get("chief", []))
+    if self.workers and found != self.workers:
+      raise UserError(
+          f"topology.MultiWorker.workers = {self.workers} but TF_CONFIG lists {found} "
+          f"worker task(s).")
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+@gin.configurable(module="topology")
+@dataclasses.dataclass(frozen=True)
+class Tpu(Topology):
+  """A TPU slice: num_cores replicas (TPUStrategy)."""
+
+  num_cores: int = 8
+  address: str = ""
+  kind = "tpu"
+
+  @property
+  def num_replicas(self) -> int:
+    return self.num_cores
+
+  def make_strategy(self):
+    try:
+      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=self.address)
+      tf.config.experimental_connect_to_cluster(resolver)
+      tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as e:
+      raise UserError(
+          f"topology.Tpu(address={self.address!r}) found no TPU on this machine ({e}). "
+          f"`replibench plan` works without one; to run, use a TPU VM or a Local topology."
+      ) from None
+    strategy = tf.distribute.TPUStrategy(resolver)
+    if strategy.num_replicas_in_sync != self.num_cores:
+      raise UserError(
+          f"topology.Tpu.num_cores = {self.num_cores} but the TPU has "
+          f"{strategy.num_replicas_in_sync} cores.")
+    return strategy

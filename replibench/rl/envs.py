@@ -1,0 +1,142 @@
+"""DeepMind Control Suite tasks as dm_env environments with state or pixel observations.
+
+Tasks are named 'domain-task' ('cartpole-swingup', 'walker-walk', 'cheetah-run',
+or any other suite task). State observations are the task's observation dict
+flattened in key order to float32 [obs_dim]. Pixel observations are 84x84 RGB
+frames from `physics.render` (MUJOCO_GL=egl unless set otherwise), the last
+`frame_stack` frames concatenated on channels: uint8 [84, 84, 3 * frame_stack].
+
+Episodes end by time limit: the last step has discount 1 (a truncation), which
+n-step accumulation must honour by bootstrapping from the final observation.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+
+# Must precede the first dm_control import: the render backend is chosen then.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import dm_env  # noqa: E402
+from dm_env import specs  # noqa: E402
+import gin  # noqa: E402
+import numpy as np  # noqa: E402
+
+from replibench.errors import UserError  # noqa: E402
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  """What an environment is; the seed comes separately (one per actor).
+
+  action_repeat: env steps per agent step (rewards summed; pixel papers use 8
+  for cartpole, 2 for walker). time_limit: episode length in seconds of
+  simulated time (None = the task's own, 1000 control steps for these tasks);
+  tests use tiny values for short episodes.
+  """
+  task: str = "cartpole-swingup"
+  pixels: bool = False
+  action_repeat: int = 1
+  frame_stack: int = 3
+  image_size: int = 84
+  camera_id: int = 0
+  time_limit: float | None = None
+
+
+def task_names() -> list[str]:
+  """Every valid task name, 'domain-task'."""
+  from dm_control import suite
+  return sorted(f"{domain}-{task}" for domain, task in suite.ALL_TASKS)
+
+
+def check_task(task: str) -> tuple[str, str]:
+  """(domain, task) for a 'domain-task' name; UserError listing valid names otherwise."""
+  from dm_control import suite
+  domain, _, task_name = task.partition("-")
+  if (domain, task_name) not in suite.ALL_TASKS:
+    raise UserError(
+        f"Unknown dm_control task {task!r} (EnvConfig.task). Tasks are named "
+        f"'domain-task'; valid names: {', '.join(task_names())}.")
+  return domain, task_name
+
+
+def flatten_observation(observation: collections.OrderedDict) -> np.ndarray:
+  """The observation dict's values, each flattened, concatenated as float32 [obs_dim]."""
+  parts = [np.asarray(v, np.float32).reshape(-1) for v in observation.values()]
+  return np.concatenate(parts)
+
+
+class ControlEnv(dm_env.Environment):
+  """A dm_control suite task with flattened-state or stacked-pixel observations."""
+
+  def __init__(self, config: EnvConfig, seed: int):
+    from dm_control import suite
+    if config.action_repeat < 1:
+      raise UserError(f"EnvConfig.action_repeat must be >= 1; got {config.action_repeat}.")
+    domain, task = check_task(config.task)
+    task_kwargs = {"random": seed}
+    if config.time_limit is not None:
+      task_kwargs["time_limit"] = config.time_limit
+    self.config = config
+    self._env = suite.load(domain, task, task_kwargs=task_kwargs)
+    self._frames = collections.deque(maxlen=config.frame_stack)
+    spec = self._env.action_spec()
+    self._action_spec = specs.BoundedArray(
+        spec.shape, np.float32, spec.minimum.astype(np.float32),
+        spec.maximum.astype(np.float32), name="action")
+
+  @property
+  def physics(self):
+    return self._env.physics
+
+  def _render(self) -> np.ndarray:
+    size = self.config.image_size
+    return self._env.physics.render(size, size, camera_id=self.config.camera_id)
+
+  def _observe(self, time_step: dm_env.TimeStep, first: bool) -> np.ndarray:
+    if not self.config.pixels:
+      return flatten_observation(time_step.observation)
+    frame = self._render()
+    if first:  # Start the stack with copies of the first frame.
+      self._frames.extend([frame] * self.config.frame_stack)
+    else:
+      self._frames.append(frame)
+    return np.concatenate(self._frames, axis=-1)
+
+  def reset(self) -> dm_env.TimeStep:
+    time_step = self._env.reset()
+    return time_step._replace(observation=self._observe(time_step, first=True))
+
+  def step(self, action) -> dm_env.TimeStep:
+    """One agent step = action_repeat env steps; rewards summed, discounts multiplied."""
+    action = np.asarray(action, np.float64)
+    reward, discount = 0.0, 1.0
+    for _ in range(self.config.action_repeat):
+      time_step = self._env.step(action)
+      reward += time_step.reward or 0.0
+      discount *= time_step.discount
+      if time_step.last():
+        break
+    return dm_env.TimeStep(time_step.step_type, reward, discount,
+                           self._observe(time_step, first=False))
+
+  def observation_spec(self) -> specs.Array:
+    if self.config.pixels:
+      size, channels = self.config.image_size, 3 * self.config.frame_stack
+      return specs.Array((size, size, channels), np.uint8, name="observation")
+    dim = sum(int(np.prod(s.shape)) for s in self._env.observation_spec().values())
+    return specs.Array((dim,), np.float32, name="observation")
+
+  def action_spec(self) -> specs.BoundedArray:
+    return self._action_spec
+
+  def close(self):
+    self._env.close()
+
+
+def make_env(config: EnvConfig, seed: int) -> ControlEnv:
+  """The environment described by config; the same seed gives the same episodes."""
+  return ControlEnv(config, seed)

@@ -1,0 +1,248 @@
+"""Comparing a sweep against a baseline report: regression, improvement or no change.
+
+For every configuration and metric the seeds of both sides are compared with
+Welch's t-test (two-sided, alpha 0.05) AND a minimum effect size, asv style: a
+change counts only when the means differ by more than a factor (10% by
+default; 1% for the final metric, whose useful range is narrow) in one
+direction. With fewer than 2 seeds on a side there is no test; the factor alone
+decides and the row says so. (Welch rather than Mann-Whitney: with the usual 3
+seeds per side, Mann-Whitney's smallest attainable p-value is 0.1, so it could
+never detect anything.)
+
+A configuration that no longer reaches its target is a regression; a drop in
+the converged fraction is one when Fisher's exact test finds it significant.
+Configurations present on one side only are listed. Exit code: 1 on any
+regression, else 0.
+"""
+
+import dataclasses
+import math
+import os
+import warnings
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+from replibench.errors import UserError
+from replibench.suite import report as report_lib
+from replibench.suite.aggregate import ConfigRow
+from replibench.suite.report import Report
+
+ALPHA = 0.05
+MIN_SEEDS_FOR_TEST = 2
+DEFAULT_FACTORS = {"time_to_target_s": 0.10, "steps_to_target": 0.10,
+                   "examples_per_s": 0.10, "final_metric": 0.01}
+REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_AVAILABLE = (
+    "regression", "improvement", "no change", "n/a")
+
+
+@dataclasses.dataclass
+class Decision:
+  verdict: str
+  ratio: float | None = None      # mean(new) / mean(baseline)
+  p_value: float | None = None
+  note: str = ""
+
+
+def _p_value(base: np.ndarray, new: np.ndarray) -> float:
+  """Welch's two-sided p-value; exact 0/1 when both sides have no spread."""
+  if np.ptp(base) == 0 and np.ptp(new) == 0:
+    return 1.0 if base.mean() == new.mean() else 0.0
+  with warnings.catch_warnings():
+    # One side constant (e.g. equal step counts) is handled fine by Welch, but
+    # scipy warns about precision loss in that side's variance.
+    warnings.simplefilter("ignore", RuntimeWarning)
+    p = stats.ttest_ind(new, base, equal_var=False).pvalue
+  return 1.0 if math.isnan(p) else float(p)
+
+
+def decide(base: Sequence[float], new: Sequence[float], lower_is_better: bool,
+           factor: float = 0.10, alpha: float = ALPHA) -> Decision:
+  """Regression / improvement / no change between two samples of one metric.
+
+  A change must be statistically significant (Welch, p < alpha) and its mean
+  ratio must exceed 1 + factor in one direction (for lower-is-better metrics
+  new/base > 1 + factor is worse; for higher-is-better, base/new > 1 + factor).
+  """
+  b, n = np.asarray(base, np.float64), np.asarray(new, np.float64)
+  if b.size == 0 or n.size == 0:
+    side = "baseline" if b.size == 0 else "new run"
+    return Decision(NOT_AVAILABLE, note=f"no values in the {side}")
+  if b.mean() <= 0 or n.mean() <= 0:
+    return Decision(NOT_AVAILABLE, note="non-positive mean; ratio undefined")
+  ratio = float(n.mean() / b.mean())
+  worse = ratio if lower_is_better else 1 / ratio      # > 1 means worse
+  if min(b.size, n.size) < MIN_SEEDS_FOR_TEST:
+    p, significant = None, True
+    note = f"too few seeds for a test ({b.size} vs {n.size}): factor alone"
+  else:
+    p = _p_value(b, n)
+    significant, note = p < alpha, ""
+  if significant and worse > 1 + factor:
+    return Decision(REGRESSION, ratio, p, note)
+  if significant and 1 / worse > 1 + factor:
+    return Decision(IMPROVEMENT, ratio, p, note)
+  if not note:
+    if significant:
+      note = f"significant but within {factor:.0%}"
+    elif max(worse, 1 / worse) > 1 + factor:
+      note = f"beyond {factor:.0%} but not significant"
+  return Decision(NO_CHANGE, ratio, p, note)
+
+
+def decide_convergence(base_k: int, base_n: int, new_k: int, new_n: int,
+                       alpha: float = ALPHA) -> Decision:
+  """Compares converged fractions k/n; losing every converged seed is a regression."""
+  note = f"{base_k}/{base_n} -> {new_k}/{new_n} converged"
+  if base_k > 0 and new_k == 0:
+    return Decision(REGRESSION, note=note + ": no longer reaches the target")
+  if base_k == 0 and new_k > 0:
+    return Decision(IMPROVEMENT, note=note + ": now reaches the target")
+  if base_n and new_n and new_k / new_n != base_k / base_n:
+    table = [[new_k, new_n - new_k], [base_k, base_n - base_k]]
+    worse = new_k / new_n < base_k / base_n
+    p = float(stats.fisher_exact(table, alternative="less" if worse else "greater").pvalue)
+    if p < alpha:
+      return Decision(REGRESSION if worse else IMPROVEMENT, p_value=p, note=note)
+    return Decision(NO_CHANGE, p_value=p, note=note + ", not significant")
+  return Decision(NO_CHANGE, note=note)
+
+
+@dataclasses.dataclass
+class Row:
+  config: str
+  metric: str
+  baseline: str
+  new: str
+  decision: Decision
+
+
+@dataclasses.dataclass
+class Comparison:
+  """The outcome of `compare`; print it for the table, use exit_code for the shell."""
+  workload: str
+  rows: list[Row]
+  missing_in_new: list[str]
+  missing_in_baseline: list[str]
+  warnings: list[str]
+
+  def count(self, verdict: str) -> int:
+    return sum(r.decision.verdict == verdict for r in self.rows)
+
+  @property
+  def regressions(self) -> list[Row]:
+    return [r for r in self.rows if r.decision.verdict == REGRESSION]
+
+  @property
+  def exit_code(self) -> int:
+    return 1 if self.regressions else 0
+
+  def format_table(self) -> str:
+    header = ("config", "metric", "baseline", "new", "change", "p", "verdict", "note")
+    cells = [header]
+    for r in self.rows:
+      d = r.decision
+      change = "-" if d.ratio is None else f"{d.ratio - 1:+.1%}"
+      p = "-" if d.p_value is None else f"{d.p_value:.3f}"
+      verdict = d.verdict.upper() if d.verdict == REGRESSION else d.verdict
+      cells.append((r.config, r.metric, r.baseline, r.new, change, p, verdict, d.note))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = [f"{self.workload}: new vs baseline"]
+    lines += [f"warning: {w}" for w in self.warnings]
+    for i, c in enumerate(cells):
+      lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
+      if i == 0:
+        lines.append("  ".join("-" * w for w in widths))
+    lines += [f"only in the baseline (not run): {c}" for c in self.missing_in_new]
+    lines += [f"only in the new run (no baseline): {c}" for c in self.missing_in_baseline]
+    lines.append(f"{self.count(REGRESSION)} regression(s), {self.count(IMPROVEMENT)} "
+                 f"improvement(s), {self.count(NO_CHANGE)} unchanged, "
+                 f"{self.count(NOT_AVAILABLE)} not comparable; exit code {self.exit_code}")
+    return "\n".join(lines)
+
+  def __str__(self) -> str:
+    return self.format_table()
+
+
+def _sample(row: ConfigRow, metric: str) -> list[float]:
+  """Per-seed values: target metrics over converged seeds, others over finished ones."""
+  if metric in ("time_to_target_s", "steps_to_target"):
+    seeds = [s for s in row.seeds if s.converged]
+  else:
+    seeds = [s for s in row.seeds if s.status != "failed"]
+  return [getattr(s, metric) for s in seeds if getattr(s, metric) is not None]
+
+
+def _describe(values: list[float], fmt: str) -> str:
+  if not values:
+    return "-"
+  if len(values) == 1:
+    return f"{fmt.format(values[0])} (n=1)"
+  return f"{fmt.format(np.mean(values))} ± {fmt.format(np.std(values, ddof=1))} (n={len(values)})"
+
+
+def _load(x: "str | Report") -> tuple[Report, str]:
+  """A Report from a Report, a report.json path, or a sweep/report directory."""
+  if isinstance(x, Report):
+    return x, x.sweep_dir or "report"
+  if os.path.isdir(x):
+    path = os.path.join(x, report_lib.REPORT_JSON)
+    return (report_lib.load_report(path) if os.path.isfile(path)
+            else report_lib.build_report(x)), x
+  return report_lib.load_report(x), x
+
+
+def _check_same_workload(new: Report, new_src: str, base: Report, base_src: str) -> None:
+  for key in ("workload", "target_metric", "target", "higher_is_better"):
+    if getattr(new, key) != getattr(base, key):
+      raise UserError(
+          f"The baseline {base_src} is for {key} {getattr(base, key)!r} but {new_src} has "
+          f"{getattr(new, key)!r} (baseline: {base.workload} {base.target_metric} "
+          f"{base.target}; new: {new.workload} {new.target_metric} {new.target}). Compare "
+          f"against results/{new.workload}/baseline.json or a report of the same workload.")
+
+
+def _warnings(new: Report, base: Report) -> list[str]:
+  out = []
+  for key, label in (("machine", "machines"), ("tf_versions", "TensorFlow versions")):
+    if getattr(new, key) != getattr(base, key):
+      out.append(f"{label} differ (baseline {getattr(base, key)}, new {getattr(new, key)}); "
+                 f"time and throughput may not be comparable.")
+  if new.git_shas != base.git_shas:
+    out.append(f"git {', '.join(base.git_shas) or '?'} -> {', '.join(new.git_shas) or '?'}")
+  return out
+
+
+def compare(new: "str | Report", baseline: "str | Report",
+            factors: dict[str, float] | None = None, alpha: float = ALPHA) -> Comparison:
+  """Compares a new sweep (dir, report.json or Report) against a baseline report."""
+  new_report, new_src = _load(new)
+  base_report, base_src = _load(baseline)
+  _check_same_workload(new_report, new_src, base_report, base_src)
+  factors = {**DEFAULT_FACTORS, **(factors or {})}
+  metrics = (("time_to_target_s", "time to target (s)", True, "{:.1f}"),
+             ("steps_to_target", "steps to target", True, "{:.0f}"),
+             ("examples_per_s", "examples/s", False, "{:.0f}"),
+             ("final_metric", f"final {new_report.target_metric}",
+              not new_report.higher_is_better, "{:.4f}"))
+  rows = []
+  for base_row in base_report.configs:
+    new_row = new_report.config(base_row.config)
+    if new_row is None:
+      continue
+    rows.append(Row(base_row.config, "converged", f"{base_row.converged}/{base_row.n}",
+                    f"{new_row.converged}/{new_row.n}",
+                    decide_convergence(base_row.converged, base_row.n,
+                                       new_row.converged, new_row.n, alpha)))
+    for metric, label, lower_is_better, fmt in metrics:
+      b, n = _sample(base_row, metric), _sample(new_row, metric)
+      rows.append(Row(base_row.config, label, _describe(b, fmt), _describe(n, fmt),
+                      decide(b, n, lower_is_better, factors[metric], alpha)))
+  base_names = [c.config for c in base_report.configs]
+  new_names = [c.config for c in new_report.configs]
+  return Comparison(
+      workload=new_report.workload, rows=rows,
+      missing_in_new=[c for c in base_names if c not in new_names],
+      missing_in_baseline=[c for c in new_names if c not in base_names],
+      warnings=_warnings(new_report, base_report))

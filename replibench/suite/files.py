@@ -1,0 +1,29 @@
+"""Atomic file writes, so a reader never sees half a report or manifest."""
+
+import json
+import os
+import tempfile
+from typing import Any, Callable, IO
+
+
+def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+  """Calls write(f) on a temp file beside path, then renames it over path."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
+  try:
+    with os.fdopen(fd, "wb") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_text(path: str, text: str) -> None:
+  write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_json(path: str, data: Any) -> None:
+  write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,74 @@
+"""The TensorBoard HParams experiment config at the root of a sweep.
+
+Each trial's harness writes its own hp.hparams session; TensorBoard shows them
+together in one HParams table when the root holds an experiment config naming
+the hparams and the metrics. The hparams are taken from the trials' result.json
+(the same dict the harness logs), so the names always match the sessions.
+
+The config is written with TensorBoard's own proto and record writer, so the
+sweep driver does not import (and initialise) TensorFlow.
+"""
+
+import os
+import time
+from typing import Any, Iterable
+
+from tensorboard.compat.proto import event_pb2
+# summary_v2 is what tensorboard.plugins.hparams.api re-exports, minus the Keras
+# callback whose import pulls in TensorFlow.
+from tensorboard.plugins.hparams import summary_v2 as hp
+from tensorboard.summary.writer import record_writer
+
+from replibench.suite import files
+
+# A stable name, so rewriting the config replaces it instead of adding a second
+# experiment summary. TensorBoard reads any file with 'tfevents' in its name.
+CONFIG_FILE = "events.out.tfevents.0.sweep-hparams-config"
+METRICS = (
+    ("hparams/time_to_target_s", "Time to target (s)", "MLPerf timed span, run_start to the first eval meeting the target."),
+    ("hparams/final_metric", "Final metric", "The target metric at the last evaluation."),
+)
+
+
+def _domain(values: list[Any]) -> hp.Discrete | None:
+  """A Discrete domain over the values seen, when they share one type."""
+  if all(isinstance(v, bool) for v in values):
+    return hp.Discrete(sorted(set(values)))
+  if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if all(isinstance(v, int) for v in values):
+      return hp.Discrete(sorted(set(values)))
+    return hp.Discrete(sorted({float(v) for v in values}))
+  if all(isinstance(v, str) for v in values):
+    return hp.Discrete(sorted(set(values)))
+  return None  # Mixed types: TensorBoard infers the domain from the sessions.
+
+
+def experiment_hparams(results: Iterable[dict[str, Any]]) -> list[hp.HParam]:
+  """One HParam per key of the results' `hparams` dicts, with the values seen."""
+  seen: dict[str, list[Any]] = {}
+  for result in results:
+    for key, value in (result.get("hparams") or {}).items():
+      if isinstance(value, (bool, int, float, str)):
+        seen.setdefault(key, []).append(value)
+  return [hp.HParam(key, _domain(values)) for key, values in sorted(seen.items())]
+
+
+def write_experiment_config(sweep_dir: str, results: Iterable[dict[str, Any]]) -> str | None:
+  """Writes (or replaces) the experiment config; returns its path, None if no hparams."""
+  hparams = experiment_hparams(results)
+  if not hparams:
+    return None
+  metrics = [hp.Metric(tag, display_name=name, description=desc) for tag, name, desc in METRICS]
+  now = time.time()
+  summary = hp.hparams_config_pb(hparams, metrics, time_created_secs=now)
+  events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2"),
+            event_pb2.Event(wall_time=now, step=0, summary=summary)]
+
+  def write(f):
+    writer = record_writer.RecordWriter(f)
+    for event in events:
+      writer.write(event.SerializeToString())
+
+  path = os.path.join(sweep_dir, CONFIG_FILE)
+  files.write_atomic(path, write)
+  return path

@@ -1,0 +1,222 @@
+"""The sweep report: a table per configuration, report.json, report.md and plots.
+
+`build_report(sweep_dir)` reads every trial's result.json; `write_report(report,
+out_dir)` writes report.json (the format `compare` takes as a baseline: it keeps
+every seed's numbers, the operative config, git sha, TF version and machine),
+report.md and the PNG plots, each file atomically.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+from typing import Any
+
+from replibench.errors import UserError
+from replibench.suite import aggregate
+from replibench.suite import files
+from replibench.suite import results
+from replibench.suite.aggregate import ConfigRow, Stats
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass
+class Report:
+  workload: str
+  target_metric: str
+  target: float
+  higher_is_better: bool
+  configs: list[ConfigRow]
+  git_shas: list[str] = dataclasses.field(default_factory=list)
+  tf_versions: list[str] = dataclasses.field(default_factory=list)
+  machine: dict[str, Any] = dataclasses.field(default_factory=dict)
+  sweep_dir: str = ""
+  created: str = ""
+  warnings: list[str] = dataclasses.field(default_factory=list)
+  format_version: int = FORMAT_VERSION
+
+  def config(self, name: str) -> ConfigRow | None:
+    return next((c for c in self.configs if c.config == name), None)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any], source: str = "report") -> "Report":
+    try:
+      fields = {f.name for f in dataclasses.fields(cls)}
+      d = {k: v for k, v in d.items() if k in fields}
+      d["configs"] = [aggregate.row_from_dict(c) for c in d["configs"]]
+      return cls(**d)
+    except (KeyError, TypeError) as e:
+      raise UserError(f"{source} is not a replibench report.json ({type(e).__name__}: {e}); "
+                      f"make one with `replibench report` on a sweep directory.") from None
+
+
+def load_report(path: str) -> Report:
+  """Reads a report.json (a sweep's report, or a results/<workload>/baseline.json)."""
+  try:
+    with open(path) as f:
+      return Report.from_dict(json.load(f), path)
+  except FileNotFoundError:
+    raise UserError(f"{path}: no such report file.") from None
+  except json.JSONDecodeError as e:
+    raise UserError(f"{path} is not valid JSON ({e}).") from None
+
+
+def config_name(trial: str) -> str:
+  """The configuration part of a trial dir: `a=1,b=2/seed=3` -> `a=1,b=2`."""
+  head, tail = os.path.split(trial)
+  return head if tail.startswith("seed=") and head else trial
+
+
+def _one(found: list[tuple[str, dict]], key: str, sweep_dir: str) -> Any:
+  values = {json.dumps(r.get(key)) for _, r in found}
+  if len(values) > 1:
+    raise UserError(f"{sweep_dir} mixes trials with different {key} "
+                    f"({', '.join(sorted(values))}); report one workload per sweep directory.")
+  return found[0][1].get(key)
+
+
+def _seed_warnings(found: list[tuple[str, dict]]) -> list[str]:
+  """Trials whose recorded seed is not the one their directory names: the sweep's
+  seed_binding probably does not reach the harness, so 'seeds' are repeats."""
+  out = []
+  for trial, result in found:
+    tail = os.path.basename(trial)
+    if tail.startswith("seed=") and tail[5:] != str(result.get("seed")):
+      out.append(f"{trial}/result.json records seed {result.get('seed')!r}, not {tail[5:]}: "
+                 f"check the sweep file's seed_binding.")
+  return out
+
+
+def _row(name: str, trials: list[tuple[str, dict]]) -> ConfigRow:
+  first = trials[0][1]
+  seeds = sorted((aggregate.seed_run(t, r) for t, r in trials), key=lambda s: s.seed)
+  hparams = {k: v for k, v in (first.get("hparams") or {}).items() if k != "seed"}
+  row = ConfigRow(
+      config=name, scaling_kind=first.get("scaling_kind", "unknown"),
+      topology=first.get("topology", ""), num_replicas=int(first.get("num_replicas", 1)),
+      num_workers=int(first.get("num_workers", 1)),
+      global_batch_size=int(first.get("global_batch_size", 0)), seeds=seeds,
+      hparams=hparams, operative_config=first.get("operative_config", ""),
+      git_sha=first.get("git_sha", ""))
+  aggregate.summarize(row)
+  return row
+
+
+def build_report(sweep_dir: str) -> Report:
+  """Aggregates every result.json under sweep_dir into a Report."""
+  found = results.find_results(sweep_dir)
+  if not found:
+    raise UserError(f"{sweep_dir} holds no result.json: run `replibench sweep` on it first.")
+  by_config: dict[str, list[tuple[str, dict]]] = {}
+  for trial, result in found:
+    by_config.setdefault(config_name(trial), []).append((trial, result))
+  rows = [_row(name, trials) for name, trials in by_config.items()]
+  rows.sort(key=lambda r: (r.scaling_kind, r.num_replicas, r.global_batch_size, r.config))
+  aggregate.add_scaling(rows)
+  return Report(
+      workload=_one(found, "workload", sweep_dir),
+      target_metric=_one(found, "target_metric", sweep_dir),
+      target=_one(found, "target", sweep_dir),
+      higher_is_better=_one(found, "higher_is_better", sweep_dir),
+      configs=rows,
+      git_shas=sorted({r.get("git_sha", "") for _, r in found} - {""}),
+      tf_versions=sorted({r.get("tf_version", "") for _, r in found} - {""}),
+      machine=found[0][1].get("machine") or {},
+      sweep_dir=os.path.abspath(sweep_dir),
+      created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      warnings=_seed_warnings(found))
+
+
+def _stat(s: Stats | None, fmt: str = "{:.1f}") -> str:
+  if s is None:
+    return "-"
+  if s.n == 1:
+    return fmt.format(s.mean)
+  text = f"{fmt.format(s.mean)} ± {fmt.format(s.std)}"
+  return text + " (olympic)" if s.method == "olympic" else text
+
+
+def _ratio(x: float | None) -> str:
+  return "-" if x is None else f"{x:.2f}"
+
+
+TABLE_HEADER = ("config", "scaling", "N", "converged", "time to target (s)", "steps",
+                "epochs", "examples/s", "efficiency", "speed-up", "final metric")
+
+
+def table_rows(report: Report) -> list[tuple[str, ...]]:
+  """One tuple of cell strings per configuration, matching TABLE_HEADER."""
+  rows = []
+  for c in report.configs:
+    mark = "" if c.converged == c.n else " *"
+    rows.append((c.config, c.scaling_kind, str(c.num_replicas), f"{c.converged}/{c.n}{mark}",
+                 _stat(c.time_to_target_s), _stat(c.steps_to_target, "{:.0f}"),
+                 _stat(c.epochs_to_target, "{:.2f}"), _stat(c.examples_per_s, "{:.0f}"),
+                 _ratio(c.efficiency), _ratio(c.speedup), _stat(c.final_metric, "{:.4f}")))
+  return rows
+
+
+def _notes(report: Report) -> list[str]:
+  notes = [f"Time to target: MLPerf timed span to the first eval with {report.target_metric} "
+           f"{'>=' if report.higher_is_better else '<='} {report.target}; olympic mean "
+           f"(drop fastest and slowest) with >= {aggregate.OLYMPIC_MIN_SEEDS} converged seeds, "
+           f"mean ± std otherwise.",
+           "* Not every seed reached the target: time, steps and epochs are over the "
+           "converged seeds only.",
+           "Efficiency = examples/s at N replicas / (N x examples/s of the 1-replica "
+           "configuration of the same scaling kind); speed-up = its time to target / this one's."]
+  kinds = sorted({c.scaling_kind for c in report.configs})
+  notes += [f"{k}: {aggregate.SCALING_KINDS.get(k, k)}." for k in kinds]
+  return notes
+
+
+def format_table(report: Report) -> str:
+  """The report as a fixed-width text table with notes, for the terminal."""
+  rows = [TABLE_HEADER, *table_rows(report)]
+  widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
+  lines = [f"{report.workload}: {report.target_metric} target {report.target}"]
+  lines += [f"warning: {w}" for w in report.warnings]
+  for i, r in enumerate(rows):
+    lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    if i == 0:
+      lines.append("  ".join("-" * w for w in widths))
+  return "\n".join(lines + [""] + _notes(report))
+
+
+def format_markdown(report: Report, images: dict[str, str]) -> str:
+  """report.md: context, the table, notes and links to the plots."""
+  machine = report.machine
+  lines = [f"# {report.workload}: scaling report", "",
+           f"- Target: {report.target_metric} {'>=' if report.higher_is_better else '<='} "
+           f"{report.target}",
+           f"- Git: {', '.join(report.git_shas) or 'unknown'}; TensorFlow "
+           f"{', '.join(report.tf_versions) or 'unknown'}",
+           f"- Machine: {machine.get('cpu', 'unknown')}, {machine.get('cores', '?')} cores"
+           f"{', ' + ', '.join(machine['accelerators']) if machine.get('accelerators') else ''}",
+           f"- Sweep: `{report.sweep_dir}`, report made {report.created}",
+           *(f"- **Warning**: {w}" for w in report.warnings), "",
+           "| " + " | ".join(TABLE_HEADER) + " |",
+           "|" + "|".join("---" for _ in TABLE_HEADER) + "|"]
+  lines += ["| " + " | ".join(r) + " |" for r in table_rows(report)]
+  lines += [""] + [f"{n}  " for n in _notes(report)] + [""]
+  for title, file in images.items():
+    lines += [f"## {title}", "", f"![{title}]({file})", ""]
+  return "\n".join(lines)
+
+
+def write_report(report: Report, out_dir: str) -> dict[str, str]:
+  """Writes report.json, report.md and the plots to out_dir; returns {kind: path}."""
+  from replibench.suite import plots  # matplotlib only when writing.
+  os.makedirs(out_dir, exist_ok=True)
+  images = plots.write_plots(report, out_dir)
+  paths = {"json": os.path.join(out_dir, REPORT_JSON), "markdown": os.path.join(out_dir, REPORT_MD)}
+  files.write_json(paths["json"], report.to_dict())
+  files.write_text(paths["markdown"], format_markdown(report, images))
+  paths.update({title: os.path.join(out_dir, f) for title, f in images.items()})
+  return paths

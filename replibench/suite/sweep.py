@@ -1,0 +1,174 @@
+"""Running a sweep: each trial a `replibench run` subprocess in its own directory.
+
+Layout of a sweep directory:
+
+  <workdir>/sweep.json                     the sweep file's text and the trials
+  <workdir>/events.out.tfevents...config   TensorBoard HParams experiment config
+  <workdir>/<config>/seed=<s>/             one trial: result.json, trial.json,
+                                           trial.log, the harness's own files
+
+Running the same sweep again on the same workdir resumes it: trials whose
+result.json is final (reached / budget_exhausted / diverged) are skipped, the
+others are started again, and `replibench run` resumes them from their checkpoints.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable, Sequence
+
+from replibench.errors import UserError
+from replibench.suite import files
+from replibench.suite import hparams_config
+from replibench.suite import results
+from replibench.suite import sweep_file
+from replibench.suite.sweep_file import Trial
+
+MANIFEST_FILE = "sweep.json"
+TRIAL_FILE = "trial.json"
+LOG_FILE = "trial.log"
+
+# runner(trial, trial_dir) -> exit code (None if unknown). It must leave
+# trial_dir/result.json behind when the run produced a result.
+Runner = Callable[[Trial, str], int | None]
+
+
+@dataclasses.dataclass
+class TrialOutcome:
+  trial: Trial
+  status: str            # a result.json status, or "failed" when none was written
+  skipped: bool          # already final before this call
+  time_to_target_s: float | None
+  exit_code: int | None = None
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+  workdir: str
+  outcomes: list[TrialOutcome]
+
+  @property
+  def num_failed(self) -> int:
+    return sum(o.status == "failed" for o in self.outcomes)
+
+
+def trial_command(trial: Trial, trial_dir: str, cores: int | None = None) -> list[str]:
+  """The command line that runs one trial (in-process, or through `launch`)."""
+  run = ["run", *(f"--gin_file={f}" for f in trial.gin_files),
+         *(f"--gin_bindings={b}" for b in trial.bindings), f"--workdir={trial_dir}"]
+  base = [sys.executable, "-m", "replibench.cli"]
+  if not trial.launch.workers:
+    return base + run
+  cpus = trial.launch.cpus_per_worker
+  if cpus is None:  # Split the machine evenly between the workers.
+    cpus = max(1, (cores or os.cpu_count() or 1) // trial.launch.workers)
+  return base + ["launch", "--workers", str(trial.launch.workers),
+                 "--cpus_per_worker", str(cpus), "--"] + run
+
+
+def subprocess_runner(trial: Trial, trial_dir: str) -> int:
+  """Runs the trial as a child process, appending its output to trial.log."""
+  command = trial_command(trial, trial_dir)
+  with open(os.path.join(trial_dir, LOG_FILE), "ab") as log:
+    log.write(("$ " + " ".join(command) + "\n").encode())
+    log.flush()
+    return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def _check_same_trial(trial: Trial, trial_dir: str, sweep_path: str) -> None:
+  """Refuses to resume a directory that an edited sweep file now means differently."""
+  path = os.path.join(trial_dir, TRIAL_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    before = json.load(f)
+  now = trial.to_dict()
+  changed = [k for k in ("gin_files", "bindings", "launch") if before.get(k) != now[k]]
+  if changed:
+    raise UserError(
+        f"Sweep file {sweep_path}: trial {trial.name} in {trial_dir} was started with "
+        f"different {', '.join(changed)} ({before.get(changed[0])!r} then, "
+        f"{now[changed[0]]!r} now). Resuming would mix two configurations under one "
+        f"name: use a new --workdir, or give the changed axis point a new label.")
+
+
+def _progress(i: int, n: int, trial: Trial, status: str, result: dict | None, note: str) -> str:
+  ttt = result.get("time_to_target_s") if result else None
+  ttt_text = f"time to target {ttt:.1f} s" if ttt is not None else "target not reached"
+  return f"[{i}/{n}] {trial.name}: {status}, {ttt_text}{note}"
+
+
+def _run_trial(trial: Trial, trial_dir: str, runner: Runner) -> tuple[int | None, dict | None]:
+  os.makedirs(trial_dir, exist_ok=True)
+  files.write_json(os.path.join(trial_dir, TRIAL_FILE), trial.to_dict())
+  exit_code = runner(trial, trial_dir)
+  return exit_code, results.read_result(trial_dir)
+
+
+def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial]) -> None:
+  with open(sweep.path) as f:
+    text = f.read()
+  files.write_json(os.path.join(workdir, MANIFEST_FILE), {
+      "sweep_file": os.path.abspath(sweep.path), "sweep_text": text,
+      "trials": [t.to_dict() for t in trials]})
+
+
+def _update_hparams_config(workdir: str) -> None:
+  found = [r for _, r in results.find_results(workdir)]
+  hparams_config.write_experiment_config(workdir, found)
+
+
+def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
+              seeds: Sequence[int] | None = None, runner: Runner = subprocess_runner,
+              parallel: int = 1, log: Callable[[str], Any] = print) -> SweepOutcome:
+  """Runs (or resumes) every trial of a sweep; returns what happened to each.
+
+  Args:
+    gin_files: extra gin files added to every trial after the sweep's own.
+    sweep_path: the sweep file (TOML, see sweep_file.py).
+    workdir: the sweep directory; created if missing, resumed if not.
+    seeds: overrides the sweep file's seeds when given.
+    runner: runs one trial; the default starts `replibench run` as a subprocess.
+    parallel: trials run at once. Keep 1 for timing: parallel trials share cores.
+    log: receives one progress line per trial.
+  """
+  sweep = sweep_file.load(sweep_path)
+  trials = sweep_file.expand(sweep, gin_files, seeds)
+  os.makedirs(workdir, exist_ok=True)
+  _write_manifest(workdir, sweep, trials)
+  n = len(trials)
+  outcomes: dict[int, TrialOutcome] = {}
+  pending = []
+  for i, trial in enumerate(trials, 1):
+    trial_dir = os.path.join(workdir, trial.name)
+    _check_same_trial(trial, trial_dir, sweep.path)
+    result = results.read_result(trial_dir)
+    if results.is_final(result):
+      log(_progress(i, n, trial, result["status"], result, " (finished earlier, skipped)"))
+      outcomes[i] = TrialOutcome(trial, result["status"], True, result.get("time_to_target_s"))
+    else:
+      pending.append((i, trial, trial_dir))
+
+  def finish(i: int, trial: Trial, exit_code: int | None, result: dict | None) -> None:
+    status = result["status"] if result else "failed"
+    note = "" if result else f" (no result.json; exit code {exit_code}, see {LOG_FILE})"
+    log(_progress(i, n, trial, status, result, note))
+    outcomes[i] = TrialOutcome(trial, status, False,
+                               result.get("time_to_target_s") if result else None, exit_code)
+    _update_hparams_config(workdir)
+
+  if parallel <= 1:
+    for i, trial, trial_dir in pending:
+      log(f"[{i}/{n}] {trial.name}: running in {trial_dir}")
+      finish(i, trial, *_run_trial(trial, trial_dir, runner))
+  else:
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+      futures = {pool.submit(_run_trial, trial, trial_dir, runner): (i, trial)
+                 for i, trial, trial_dir in pending}
+      for future in concurrent.futures.as_completed(futures):
+        finish(*futures[future], *future.result())
+  _update_hparams_config(workdir)
+  return SweepOutcome(workdir, [outcomes[i] for i in sorted(outcomes)])

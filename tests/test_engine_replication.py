@@ -1,0 +1,98 @@
+"""Replication must not change the math: N replicas at global batch B == 1 replica at B."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from replibench import engine
+
+GLOBAL_BATCH = 16
+STEPS = 4
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(GLOBAL_BATCH * STEPS, 8, 8, 3)).astype(np.float32)
+  y = rng.integers(0, 10, size=(GLOBAL_BATCH * STEPS,)).astype(np.int32)
+  return x, y
+
+
+def _mlp():
+  return keras.Sequential([
+      keras.Input((8, 8, 3)), keras.layers.Flatten(),
+      keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+
+
+def _convnet():
+  return keras.Sequential([
+      keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3, use_bias=False),
+      engine.CrossReplicaBatchNorm(momentum=0.9), keras.layers.ReLU(),
+      keras.layers.Conv2D(8, 3, strides=2, use_bias=False),
+      engine.CrossReplicaBatchNorm(momentum=0.9), keras.layers.ReLU(),
+      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+
+
+def _train(build_model, num_replicas):
+  """Trains STEPS steps; returns the replicator, model and optimizer."""
+  replicator = engine.Replicator(engine.Local(num_replicas=num_replicas, device="cpu"))
+  with replicator.scope():
+    keras.utils.set_random_seed(1)
+    model = build_model()
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=2.0)
+    optimizer.build(model.trainable_variables)
+  x, y = _data()
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
+
+  def step_fn(batch):
+    images, labels = batch
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+      loss = engine.average_loss(per_example, GLOBAL_BATCH)
+    engine.apply_gradients(optimizer, tape.gradient(loss, model.trainable_variables),
+                           model.trainable_variables)
+    return {"loss": engine.all_reduce(loss, "sum")}
+
+  train = replicator.compile(step_fn, input_fn, GLOBAL_BATCH, steps_per_call=STEPS)
+  metrics = train()
+  assert np.isfinite(metrics["loss"])
+  return replicator, model, optimizer
+
+
+def _replica_values(replicator, variable):
+  return [v.numpy() for v in replicator.strategy.experimental_local_results(variable.value)]
+
+
+@pytest.mark.parametrize("build_model", [_mlp, _convnet], ids=["mlp", "convnet_crossbn"])
+def test_replicas_match_single_replica_and_each_other(build_model):
+  reference = None
+  for n in (1, 2, 4):
+    replicator, model, optimizer = _train(build_model, n)
+    assert replicator.num_replicas == n
+    variables = model.variables + optimizer.variables
+    assert any("moving_mean" in v.path for v in variables) == (build_model is _convnet)
+    assert any("momentum" in v.path for v in optimizer.variables)
+    finals = []
+    for v in variables:
+      copies = _replica_values(replicator, v)
+      for copy in copies[1:]:
+        np.testing.assert_array_equal(copies[0], copy, err_msg=f"{v.path} differs across replicas")
+      finals.append(copies[0])
+    if reference is None:
+      reference = finals
+      continue
+    for v, want, got in zip(variables, reference, finals):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{v.path}: {n} replicas != 1 replica")
+
+
+def test_training_actually_moves_the_variables():
+  _, before, _ = _train(_mlp, 1)
+  keras.utils.set_random_seed(1)
+  fresh = _mlp()
+  assert not np.allclose(before.layers[-1].kernel.numpy(), fresh.layers[-1].kernel.numpy())

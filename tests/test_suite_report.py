@@ -1,0 +1,125 @@
+"""Report generation and comparison on small fake sweeps (nothing is trained)."""
+
+import json
+import os
+
+import pytest
+
+from replibench.errors import UserError
+from replibench.suite import build_report, compare, fake, format_table, load_report, write_report
+from replibench.suite import run_sweep
+
+SWEEP = """
+gin_files = ["base.gin"]
+seeds = [1, 2, 3]
+seed_binding = "SEED"
+
+[[axes]]
+name = "setup"
+points = [
+  {label = "replicas=1", gin_files = ["base.gin"]},
+  {label = "replicas=2", gin_files = ["base.gin"]},
+  {label = "replicas=4", gin_files = ["base.gin"]},
+  {label = "workers=1", workers = 1},
+  {label = "workers=2", workers = 2},
+]
+"""
+
+
+def fake_sweep(root, outcome=lambda t: {}):
+  """A 5 configuration x 3 seed sweep written by the fake runner; returns its dir."""
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "base.gin"), "w") as f:
+    f.write("")
+  with open(os.path.join(root, "s.sweep"), "w") as f:
+    f.write(SWEEP)
+  workdir = os.path.join(root, "run")
+  run_sweep([], os.path.join(root, "s.sweep"), workdir, runner=fake.FakeRunner(outcome),
+            log=lambda s: None)
+  return workdir
+
+
+def no_convergence(config, seeds=(1, 2, 3)):
+  return lambda t: {"time_to_target_s": None} if t.config == config and t.seed in seeds else {}
+
+
+def test_report_groups_seeds_and_computes_scaling(tmp_path):
+  report = build_report(fake_sweep(str(tmp_path), no_convergence("replicas=4", seeds=(2,))))
+  assert [c.config for c in report.configs] == [
+      "replicas=1", "replicas=2", "replicas=4", "workers=1", "workers=2"]
+  r4 = report.config("replicas=4")
+  assert (r4.converged, r4.n) == (2, 3) and r4.scaling_kind == "logical_replicas"
+  assert r4.reference == "replicas=1"
+  assert r4.efficiency == pytest.approx(4 ** 0.8 / 4, rel=0.01)
+  w2 = report.config("workers=2")
+  assert w2.reference == "workers=1" and w2.scaling_kind == "worker_processes"
+  assert w2.speedup == pytest.approx(2 ** 0.5, rel=0.01)
+  table = format_table(report)
+  assert "2/3 *" in table and "3/3" in table
+  assert report.warnings == []
+
+
+def test_write_report_makes_json_markdown_and_pngs(tmp_path):
+  report = build_report(fake_sweep(str(tmp_path), no_convergence("workers=2", seeds=(1,))))
+  out = str(tmp_path / "report")
+  paths = write_report(report, out)
+  for name in ("report.json", "report.md", "time_to_target.png", "curves.png", "throughput.png"):
+    path = os.path.join(out, name)
+    assert os.path.getsize(path) > 0, name
+  with open(os.path.join(out, "time_to_target.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  md = open(paths["markdown"]).read()
+  assert "| replicas=2 |" in md and "](throughput.png)" in md
+  assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+  again = load_report(paths["json"])
+  assert again.config("workers=2").seeds[0].time_to_target_s is None
+  assert again.to_dict() == json.load(open(paths["json"]))
+
+
+def test_report_warns_when_seed_binding_does_not_reach_the_run(tmp_path):
+  report = build_report(fake_sweep(str(tmp_path), lambda t: {"seed": 0}))
+  assert report.warnings and "seed_binding" in report.warnings[0]
+
+
+def test_compare_same_sweep_passes_and_regression_fails(tmp_path):
+  base_dir = fake_sweep(str(tmp_path / "a"))
+  baseline = str(tmp_path / "baseline.json")
+  write_report(build_report(base_dir), str(tmp_path / "base_report"))
+  os.replace(str(tmp_path / "base_report" / "report.json"), baseline)
+
+  same = compare(fake_sweep(str(tmp_path / "b")), baseline)
+  assert same.exit_code == 0 and not same.regressions
+  assert "0 regression(s)" in same.format_table()
+
+  # replicas=2 twice as slow and no longer converging for workers=1.
+  def worse(t):
+    if t.config == "replicas=2":
+      return {"time_to_target_s": 150.0 + t.seed, "examples_per_s": 500.0 + t.seed}
+    return no_convergence("workers=1")(t)
+  result = compare(fake_sweep(str(tmp_path / "c"), worse), baseline)
+  assert result.exit_code == 1
+  bad = {(r.config, r.metric) for r in result.regressions}
+  assert ("replicas=2", "time to target (s)") in bad
+  assert ("replicas=2", "examples/s") in bad
+  assert ("workers=1", "converged") in bad
+  assert "REGRESSION" in str(result)
+
+
+def test_compare_reports_missing_configurations(tmp_path):
+  base = build_report(fake_sweep(str(tmp_path / "a")))
+  new = build_report(fake_sweep(str(tmp_path / "b")))
+  new.configs = [c for c in new.configs if c.config != "replicas=4"]
+  result = compare(new, base)
+  assert result.missing_in_new == ["replicas=4"] and result.exit_code == 0
+  assert "only in the baseline (not run): replicas=4" in str(result)
+
+
+def test_baseline_of_another_workload_is_a_user_error(tmp_path):
+  base = build_report(fake_sweep(str(tmp_path / "a"), lambda t: {"workload": "sngan_fmnist"}))
+  with pytest.raises(UserError, match="sngan_fmnist"):
+    compare(build_report(fake_sweep(str(tmp_path / "b"))), base)
+
+
+def test_report_of_an_empty_dir_is_a_user_error(tmp_path):
+  with pytest.raises(UserError, match="no result.json"):
+    build_report(str(tmp_path))

@@ -1,0 +1,193 @@
+"""Sweep files, trial expansion and naming, resumption, the HParams config."""
+
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from replibench.errors import UserError
+from replibench.suite import fake
+from replibench.suite import hparams_config
+from replibench.suite import sweep
+from replibench.suite import sweep_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SWEEP = """
+gin_files = ["base.gin"]
+bindings = ["EVAL_EVERY = 2"]
+seeds = [1, 2]
+seed_binding = "SEED"
+
+[[axes]]
+name = "setup"
+points = [
+  {label = "replicas=1", gin_files = ["local1.gin"]},
+  {label = "workers=2", gin_files = ["workers.gin"], workers = 2, cpus_per_worker = 1},
+]
+
+[[axes]]
+name = "batch"
+binding = "GLOBAL_BATCH_SIZE"
+values = [128, 256]
+"""
+
+
+def write_sweep(tmp_path, text=SWEEP, name="s.sweep"):
+  for gin in ("base.gin", "local1.gin", "workers.gin"):
+    (tmp_path / gin).write_text("# stub\n")
+  path = tmp_path / name
+  path.write_text(textwrap.dedent(text))
+  return str(path)
+
+
+def test_expansion_is_the_product_of_axes_times_seeds_with_stable_names(tmp_path):
+  trials = sweep_file.expand(sweep_file.load(write_sweep(tmp_path)))
+  assert [t.name for t in trials] == [
+      "replicas=1,batch=128/seed=1", "replicas=1,batch=256/seed=1",
+      "workers=2,batch=128/seed=1", "workers=2,batch=256/seed=1",
+      "replicas=1,batch=128/seed=2", "replicas=1,batch=256/seed=2",
+      "workers=2,batch=128/seed=2", "workers=2,batch=256/seed=2"]
+  t = trials[3]
+  assert [os.path.basename(f) for f in t.gin_files] == ["base.gin", "workers.gin"]
+  assert all(os.path.isabs(f) for f in t.gin_files)
+  assert t.bindings == ("EVAL_EVERY = 2", "GLOBAL_BATCH_SIZE = 256", "SEED = 1")
+  assert t.launch == sweep_file.Launch(workers=2, cpus_per_worker=1)
+  assert trials[0].launch == sweep_file.Launch()
+
+
+def test_seeds_and_extra_gin_files_from_the_caller(tmp_path):
+  extra = tmp_path / "extra.gin"
+  extra.write_text("")
+  trials = sweep_file.expand(sweep_file.load(write_sweep(tmp_path)), [str(extra)], seeds=[7])
+  assert len(trials) == 4 and {t.seed for t in trials} == {7}
+  assert [os.path.basename(f) for f in trials[0].gin_files] == ["base.gin", "extra.gin", "local1.gin"]
+
+
+def test_trial_command_in_process_and_through_launch(tmp_path):
+  trials = sweep_file.expand(sweep_file.load(write_sweep(tmp_path)))
+  run = sweep.trial_command(trials[0], "/w/t0")
+  assert run[:4] == [sys.executable, "-m", "replibench.cli", "run"]
+  assert "--gin_bindings=SEED = 1" in run and run[-1] == "--workdir=/w/t0"
+  assert any(a.startswith("--gin_file=") and a.endswith("local1.gin") for a in run)
+  launch = sweep.trial_command(trials[2], "/w/t2")
+  assert launch[3:9] == ["launch", "--workers", "2", "--cpus_per_worker", "1", "--"]
+  assert launch[9] == "run" and launch[-1] == "--workdir=/w/t2"
+
+
+def test_the_scaling_sweep_has_five_setups_times_three_seeds(tmp_path):
+  # A copy beside stub gin files, so the test does not depend on the real configs.
+  (tmp_path / "resnet").mkdir()
+  (tmp_path / "topology").mkdir()
+  for gin in ("resnet/fashion_mnist.gin", "topology/local1.gin", "topology/local2.gin",
+              "topology/local4.gin", "topology/workers.gin"):
+    (tmp_path / gin).write_text("")
+  shutil.copy(os.path.join(REPO, "configs/resnet/scaling.sweep"), tmp_path / "resnet")
+  trials = sweep_file.expand(sweep_file.load(str(tmp_path / "resnet/scaling.sweep")))
+  assert len(trials) == 15
+  assert sorted({t.config for t in trials}) == [
+      "replicas=1", "replicas=2", "replicas=4", "workers=1", "workers=2"]
+  assert {t.launch.workers for t in trials if t.config.startswith("workers")} == {1, 2}
+
+
+@pytest.mark.parametrize("text, key", [
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\nsedes = [2]\n", "sedes"),
+    ("gin_files = ['base.gin']\nseeds = ['one']\nseed_binding = 'S'\n", "seeds"),
+    ("gin_files = ['missing.gin']\nseeds = [1]\nseed_binding = 'S'\n", "gin_files"),
+    ("gin_files = ['base.gin']\nseeds = [1]\n", "seed_binding"),
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
+     "[[axes]]\nname = 'a'\npoints = [{gin_files = ['base.gin']}]\n", "axes[0].points[0].label"),
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
+     "[[axes]]\nname = 'a'\npoints = [{label = 'x', workers = 0}]\n", "axes[0].points[0].workers"),
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
+     "[[axes]]\nname = 'b'\nbinding = 'B'\nvalues = []\n", "axes[0].values"),
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
+     "[[axes]]\nname = 'a/b'\nbinding = 'B'\nvalues = [1]\n", "axes[0].name"),
+])
+def test_malformed_sweep_file_names_file_and_key(tmp_path, text, key):
+  path = write_sweep(tmp_path, text, "bad.sweep")
+  with pytest.raises(UserError) as e:
+    sweep_file.load(path)
+  assert path in str(e.value) and f"'{key}'" in str(e.value)
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+  path = write_sweep(tmp_path, "seeds = [1,\n", "broken.sweep")
+  with pytest.raises(UserError, match="broken.sweep"):
+    sweep_file.load(path)
+
+
+def test_resume_skips_final_trials_and_reruns_the_rest(tmp_path):
+  path = write_sweep(tmp_path)
+  workdir = str(tmp_path / "run")
+  # First pass: one trial crashes (no result.json), one writes status "failed".
+  first = fake.FakeRunner(lambda t: None if t.name == "workers=2,batch=128/seed=1"
+                          else {"status": "failed"} if t.name == "replicas=1,batch=256/seed=2"
+                          else {})
+  lines = []
+  out = sweep.run_sweep([], path, workdir, runner=first, log=lines.append)
+  assert len(first.calls) == 8 and out.num_failed == 2
+  assert any(l.startswith("[3/8] workers=2,batch=128/seed=1: failed") for l in lines)
+  assert any("time to target" in l for l in lines)
+  second = fake.FakeRunner()
+  out = sweep.run_sweep([], path, workdir, runner=second, log=lines.append)
+  assert second.calls == ["workers=2,batch=128/seed=1", "replicas=1,batch=256/seed=2"]
+  assert out.num_failed == 0 and sum(o.skipped for o in out.outcomes) == 6
+  third = fake.FakeRunner()
+  sweep.run_sweep([], path, workdir, runner=third, log=lines.append)
+  assert third.calls == []
+
+
+def test_interrupted_sweep_resumes_where_it_stopped(tmp_path):
+  path = write_sweep(tmp_path)
+  workdir = str(tmp_path / "run")
+  calls = []
+
+  def interrupted(trial, trial_dir):
+    calls.append(trial.name)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    return fake.FakeRunner()(trial, trial_dir)
+
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_sweep([], path, workdir, runner=interrupted, log=lambda s: None)
+  rest = fake.FakeRunner()
+  sweep.run_sweep([], path, workdir, runner=rest, log=lambda s: None)
+  assert rest.calls[0] == calls[2] and len(rest.calls) == 6
+
+
+def test_parallel_trials_all_finish(tmp_path):
+  runner = fake.FakeRunner()
+  out = sweep.run_sweep([], write_sweep(tmp_path), str(tmp_path / "run"), runner=runner,
+                        parallel=2, log=lambda s: None)
+  assert sorted(runner.calls) == sorted(o.trial.name for o in out.outcomes)
+  assert [o.status for o in out.outcomes] == ["reached"] * 8
+
+
+def test_edited_sweep_refuses_to_resume_into_old_trials(tmp_path):
+  path = write_sweep(tmp_path)
+  workdir = str(tmp_path / "run")
+  sweep.run_sweep([], path, workdir, runner=fake.FakeRunner(lambda t: None), log=lambda s: None)
+  write_sweep(tmp_path, SWEEP.replace('"EVAL_EVERY = 2"', '"EVAL_EVERY = 3"'))
+  with pytest.raises(UserError, match="bindings"):
+    sweep.run_sweep([], path, workdir, runner=fake.FakeRunner(), log=lambda s: None)
+
+
+def test_hparams_experiment_config_names_trial_hparams_and_metrics(tmp_path):
+  from tensorboard.backend.event_processing import event_file_loader
+  from tensorboard.plugins.hparams import plugin_data_pb2
+
+  workdir = str(tmp_path / "run")
+  sweep.run_sweep([], write_sweep(tmp_path), workdir, runner=fake.FakeRunner(),
+                  log=lambda s: None)
+  path = os.path.join(workdir, hparams_config.CONFIG_FILE)
+  events = list(event_file_loader.EventFileLoader(path).Load())
+  (value,) = [v for e in events for v in e.summary.value]
+  assert value.tag == "_hparams_/experiment"
+  data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+  names = {h.name for h in data.experiment.hparam_infos}
+  assert {"num_replicas", "global_batch_size", "seed", "topology"} <= names
+  assert {m.name.tag for m in data.experiment.metric_infos} == {
+      "hparams/time_to_target_s", "hparams/final_metric"}
