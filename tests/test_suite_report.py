@@ -76,9 +76,12 @@ def test_write_report_makes_json_markdown_and_pngs(tmp_path):
   assert again.to_dict() == json.load(open(paths["json"]))
 
 
-def test_report_warns_when_seed_binding_does_not_reach_the_run(tmp_path):
-  report = build_report(fake_sweep(str(tmp_path), lambda t: {"seed": 0}))
-  assert report.warnings and "seed_binding" in report.warnings[0]
+def test_report_warns_when_a_result_has_another_seed_than_its_directory(tmp_path):
+  fake.write_result(str(tmp_path / "replicas=1" / "seed=1"), fake.fake_result(seed=1))
+  fake.write_result(str(tmp_path / "replicas=1" / "seed=2"), fake.fake_result(seed=1))
+  report = build_report(str(tmp_path))
+  assert report.config("replicas=1").n == 2
+  assert len(report.warnings) == 1 and "seed_binding" in report.warnings[0]
 
 
 def test_compare_same_sweep_passes_and_regression_fails(tmp_path):

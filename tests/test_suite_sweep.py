@@ -63,7 +63,8 @@ def test_seeds_and_extra_gin_files_from_the_caller(tmp_path):
   extra.write_text("")
   trials = sweep_file.expand(sweep_file.load(write_sweep(tmp_path)), [str(extra)], seeds=[7])
   assert len(trials) == 4 and {t.seed for t in trials} == {7}
-  assert [os.path.basename(f) for f in trials[0].gin_files] == ["base.gin", "extra.gin", "local1.gin"]
+  assert [os.path.basename(f) for f in trials[0].gin_files] == [
+      "base.gin", "extra.gin", "local1.gin"]
 
 
 def test_trial_command_in_process_and_through_launch(tmp_path):
@@ -191,3 +192,40 @@ def test_hparams_experiment_config_names_trial_hparams_and_metrics(tmp_path):
   assert {"num_replicas", "global_batch_size", "seed", "topology"} <= names
   assert {m.name.tag for m in data.experiment.metric_infos} == {
       "hparams/time_to_target_s", "hparams/final_metric"}
+
+
+FAKE_CLI = '''
+import json, os, sys
+args = sys.argv[1:]
+if args[0] == "launch":
+  args = args[args.index("--") + 1:]
+workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][0]
+seed = int([a for a in args if a.startswith("--gin_bindings=SEED")][0].rsplit(" ", 1)[1])
+print("fake run", args)
+with open(os.path.join(workdir, "result.json"), "w") as f:
+  json.dump({"status": "reached", "workload": "w", "target_metric": "m", "target": 1.0,
+             "higher_is_better": True, "time_to_target_s": 1.5, "seed": seed}, f)
+'''
+
+
+def test_subprocess_runner_runs_the_cli_and_logs_its_output(tmp_path, monkeypatch):
+  # A stand-in `replibench.cli` first on the child's path (python -m puts the cwd first).
+  fake_pkg = tmp_path / "cwd" / "replibench"
+  fake_pkg.mkdir(parents=True)
+  (fake_pkg / "__init__.py").write_text("")
+  (fake_pkg / "cli.py").write_text(FAKE_CLI)
+  monkeypatch.chdir(tmp_path / "cwd")
+  out = sweep.run_sweep([], write_sweep(tmp_path), str(tmp_path / "run"), seeds=[5],
+                        log=lambda s: None)
+  assert [o.status for o in out.outcomes] == ["reached"] * 4
+  assert [o.exit_code for o in out.outcomes] == [0] * 4
+  log = (tmp_path / "run" / "workers=2,batch=256" / "seed=5" / sweep.LOG_FILE).read_text()
+  assert "launch --workers 2 --cpus_per_worker 1 -- run" in log and "fake run" in log
+
+
+def test_a_seed_binding_that_does_not_reach_the_run_stops_the_sweep(tmp_path):
+  runner = fake.FakeRunner(lambda t: {"seed": 0})
+  with pytest.raises(UserError, match="seed_binding"):
+    sweep.run_sweep([], write_sweep(tmp_path), str(tmp_path / "run"), runner=runner,
+                    log=lambda s: None)
+  assert len(runner.calls) == 1

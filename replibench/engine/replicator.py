@@ -29,6 +29,7 @@ class InputContext:
   input_pipeline_id: int
   num_input_pipelines: int
   num_replicas: int
+  start_step: int = 0   # Global steps already trained: a resumed pipeline skips their data.
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
@@ -65,6 +66,10 @@ class CompiledStep:
     for _ in tf.range(self.steps_per_call - 1):
       total = tf.nest.map_structure(tf.add, total, self._one())
     return tf.nest.map_structure(lambda t: t / self.steps_per_call, total)
+
+  def trace(self) -> None:
+    """Builds the graph without running a step (part of init, not of the timed run)."""
+    self._fn.get_concrete_function()
 
   def __call__(self) -> dict:
     return tf.nest.map_structure(lambda t: t.numpy(), self._fn())
@@ -106,13 +111,13 @@ class Replicator:
     return self.strategy.scope()
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
-                 global_batch_size: int):
+                 global_batch_size: int, start_step: int = 0):
     """A distributed dataset: each replica gets its own per-replica batch."""
     per_replica = per_replica_batch_size(global_batch_size, self.num_replicas)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       return input_fn(InputContext(per_replica, tf_ctx.input_pipeline_id,
-                                   tf_ctx.num_input_pipelines, self.num_replicas))
+                                   tf_ctx.num_input_pipelines, self.num_replicas, start_step))
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -130,9 +135,9 @@ class Replicator:
     return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
 
   def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
-              steps_per_call: int = 1) -> CompiledStep:
-    """Traces steps_per_call replicated steps of step_fn over input_fn's data."""
+              steps_per_call: int = 1, start_step: int = 0) -> CompiledStep:
+    """Runs steps_per_call replicated steps of step_fn per call, in one graph."""
     if steps_per_call < 1:
       raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
-    return CompiledStep(self, step_fn, self.distribute(input_fn, global_batch_size),
-                        steps_per_call)
+    dataset = self.distribute(input_fn, global_batch_size, start_step)
+    return CompiledStep(self, step_fn, dataset, steps_per_call)

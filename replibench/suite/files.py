@@ -2,7 +2,7 @@
 
 import json
 import os
-import tempfile
+import uuid
 from typing import Any, Callable, IO
 
 
@@ -10,9 +10,11 @@ def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
   """Calls write(f) on a temp file beside path, then renames it over path."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
+  # open() rather than mkstemp so the file gets the usual umask permissions; the
+  # name carries no part of path, so TensorBoard never mistakes it for an event file.
+  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
   try:
-    with os.fdopen(fd, "wb") as f:
+    with open(tmp, "xb") as f:
       write(f)
     os.replace(tmp, path)
   except BaseException:

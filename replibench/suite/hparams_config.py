@@ -25,7 +25,8 @@ from replibench.suite import files
 # experiment summary. TensorBoard reads any file with 'tfevents' in its name.
 CONFIG_FILE = "events.out.tfevents.0.sweep-hparams-config"
 METRICS = (
-    ("hparams/time_to_target_s", "Time to target (s)", "MLPerf timed span, run_start to the first eval meeting the target."),
+    ("hparams/time_to_target_s", "Time to target (s)",
+     "MLPerf timed span, run_start to the first eval meeting the target."),
     ("hparams/final_metric", "Final metric", "The target metric at the last evaluation."),
 )
 

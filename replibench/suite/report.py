@@ -203,8 +203,8 @@ def format_markdown(report: Report, images: dict[str, str]) -> str:
            *(f"- **Warning**: {w}" for w in report.warnings), "",
            "| " + " | ".join(TABLE_HEADER) + " |",
            "|" + "|".join("---" for _ in TABLE_HEADER) + "|"]
-  lines += ["| " + " | ".join(r) + " |" for r in table_rows(report)]
-  lines += [""] + [f"{n}  " for n in _notes(report)] + [""]
+  lines += ["| " + " | ".join(r).replace("*", r"\*") + " |" for r in table_rows(report)]
+  lines += [""] + [n.replace("*", r"\*") + "  " for n in _notes(report)] + [""]
   for title, file in images.items():
     lines += [f"## {title}", "", f"![{title}]({file})", ""]
   return "\n".join(lines)

@@ -14,6 +14,9 @@ Format (TOML, stdlib tomllib; relative paths are relative to the sweep file):
     {label = "workers=2", gin_files = ["../topology/workers.gin"], workers = 2},
   ]
 
+  # (TOML inline tables must fit on one line; for longer points write them as
+  # [[axes.points]] tables, as configs/resnet/scaling.sweep does.)
+
   [[axes]]                             # a grid axis over one gin binding
   name = "batch"
   binding = "GLOBAL_BATCH_SIZE"

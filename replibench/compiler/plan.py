@@ -1,0 +1,49 @@
+"""`replibench plan`: what a config will do, computed without training or devices."""
+
+from replibench.compiler.experiment import Experiment
+
+
+def make_plan(experiment: Experiment) -> dict:
+  """The plan as a JSON-able dict. Works for topologies this machine lacks."""
+  spec = experiment.train_spec()
+  facts = experiment.workload.describe(spec)
+  flops = facts.get("train_flops_per_example")
+  topology = experiment.topology
+  return {
+      "workload": experiment.workload.name,
+      "topology": topology.describe(),
+      "scaling_kind": topology.kind,
+      "num_replicas": topology.num_replicas,
+      "global_batch_size": experiment.global_batch_size,
+      "per_replica_batch_size": experiment.global_batch_size // topology.num_replicas,
+      "parameters": facts.get("parameters"),
+      "forward_flops_per_example": facts.get("forward_flops_per_example"),
+      "train_flops_per_example": flops,
+      "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
+      "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
+      "examples_per_epoch": experiment.workload.examples_per_epoch(),
+      "steps_per_epoch": round(experiment.steps_per_epoch, 2),
+      "train_epochs": experiment.train_epochs,
+      "total_steps": experiment.total_steps,
+      "steps_per_call": experiment.steps_per_call,
+      "learning_rate": facts.get("learning_rate"),
+      "eval_every_steps": experiment.eval_every_steps,
+      "target_metric": experiment.workload.target_metric,
+      "target": experiment.target,
+      "seed": experiment.seed,
+  }
+
+
+def _human(value) -> str:
+  if isinstance(value, float) and value >= 1e6:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+      if value >= scale:
+        return f"{value / scale:.2f}{unit}"
+  if isinstance(value, int) and value >= 10**6:
+    return f"{value:,}"
+  return str(value)
+
+
+def format_plan(plan: dict) -> str:
+  width = max(len(k) for k in plan)
+  return "\n".join(f"{k.ljust(width)}  {_human(v)}" for k, v in plan.items())

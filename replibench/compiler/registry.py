@@ -1,0 +1,7 @@
+"""Imports every module that registers gin configurables, so configs can name them."""
+
+# pylint: disable=unused-import
+import models.resnet  # noqa: F401
+import replibench.data.sources  # noqa: F401
+import replibench.engine  # noqa: F401  (topology.*, engine.cross_replica_batch_norm)
+import replibench.workloads.classification  # noqa: F401

@@ -1,0 +1,1 @@
+"""The harness: drives the engine through a compiled experiment and measures it."""

@@ -1,0 +1,46 @@
+"""Progress lines for long runs: step, loss, examples/s, latest eval, ETA."""
+
+import collections
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Meter:
+  """Counts training steps and their host time; formats progress lines."""
+
+  def __init__(self, start_step: int, limit: int, global_batch_size: int, window: int = 20):
+    self.start_step, self.limit, self.batch = start_step, limit, global_batch_size
+    self.steps, self.train_s = 0, 0.0
+    self.recent = collections.deque(maxlen=window)   # (steps, seconds) per call
+    self.last_eval = None
+
+  def trained(self, steps: int, seconds: float) -> None:
+    self.steps += steps
+    self.train_s += seconds
+    self.recent.append((steps, seconds))
+
+  def evaluated(self, step: int, value: float) -> None:
+    self.last_eval = (step, value)
+
+  def examples_per_s(self) -> float | None:
+    """Training throughput this session (host time of training calls only)."""
+    return round(self.steps * self.batch / self.train_s, 2) if self.train_s else None
+
+  def recent_examples_per_s(self) -> float:
+    steps = sum(s for s, _ in self.recent)
+    seconds = sum(t for _, t in self.recent)
+    return steps * self.batch / seconds if seconds else float("nan")
+
+  def line(self, step: int, values: dict, elapsed: float) -> str:
+    done = step - self.start_step
+    per_step = elapsed / max(step, 1) if self.start_step == 0 else self.train_s / max(done, 1)
+    latest = (f"eval {self.last_eval[1]:.4f} @ {self.last_eval[0]}" if self.last_eval
+              else "eval -")
+    return (f"step {step}/{self.limit} | loss {values.get('train/loss', float('nan')):.4f} | "
+            f"{values['train/examples_per_s']:.0f} ex/s | {latest} | "
+            f"elapsed {_duration(elapsed)} | ETA {_duration(per_step * (self.limit - step))}")

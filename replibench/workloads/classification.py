@@ -1,0 +1,126 @@
+"""Image classification (the paper's ResNet experiment) as a replicated workload.
+
+The researcher's view: `step_fn` is a one-device training step (cross-entropy
+with label smoothing, L2 weight decay, SGD with momentum); the engine's
+`average_loss` and `apply_gradients` make it correct on any number of replicas.
+The learning rate follows Goyal et al.: base_lr per 256 examples, scaled
+linearly with the global batch, with linear warmup and cosine decay.
+"""
+
+from typing import Callable
+
+import gin
+import keras
+import tensorflow as tf
+
+from replibench import engine
+from replibench.compiler import cost
+from replibench.workloads.base import TrainSpec, Workload
+from models.resnet import decayed_weights
+
+
+@gin.configurable
+class ImageClassification(Workload):
+  """Supervised classification; target metric eval/top1 (fraction in [0, 1])."""
+
+  target_metric = "eval/top1"
+
+  def __init__(self, model: Callable[..., keras.Model] = gin.REQUIRED,
+               data=gin.REQUIRED, name: str = "image_classification",
+               base_lr_per_256: float = 0.1, warmup_epochs: float = 1.0,
+               momentum: float = 0.9, nesterov: bool = True, label_smoothing: float = 0.1,
+               weight_decay: float = 5e-5, eval_batch_size: int = 1000):
+    self.name = name
+    self.model_fn, self.data = model, data
+    self.base_lr_per_256, self.warmup_epochs = base_lr_per_256, warmup_epochs
+    self.momentum, self.nesterov = momentum, nesterov
+    self.label_smoothing, self.weight_decay = label_smoothing, weight_decay
+    self.eval_batch_size = eval_batch_size
+    self.model = self.optimizer = self.spec = self.schedule = None
+
+  def examples_per_epoch(self) -> int:
+    return self.data.train_examples()
+
+  def _schedule(self, spec: TrainSpec):
+    peak = self.base_lr_per_256 * spec.global_batch_size / 256
+    warmup = int(round(self.warmup_epochs * spec.steps_per_epoch))
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else peak, warmup_target=peak if warmup else None,
+        warmup_steps=warmup, decay_steps=max(1, spec.total_steps - warmup))
+
+  def build(self, spec: TrainSpec) -> None:
+    self.spec = spec
+    keras.utils.set_random_seed(spec.seed)
+    self.model = self.model_fn(num_classes=self.data.num_classes)
+    self.schedule = self._schedule(spec)
+    self.optimizer = keras.optimizers.SGD(self.schedule, momentum=self.momentum,
+                                          nesterov=self.nesterov)
+    # Keras 3 optimizers must create their slots under the scope, before tracing.
+    self.optimizer.build(self.model.trainable_variables)
+
+  def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
+    return self.data.train(ctx, self.spec.seed)
+
+  def step_fn(self, batch) -> dict:
+    images, labels = batch
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      logits = self.model(images, training=True)
+      targets = tf.one_hot(labels, self.data.num_classes)
+      per_example = keras.losses.categorical_crossentropy(
+          targets, logits, from_logits=True, label_smoothing=self.label_smoothing)
+      loss = engine.average_loss(per_example, self.spec.global_batch_size)
+      # Each replica adds 1/N of the L2 term, so the summed gradient has it once.
+      l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
+      loss += self.weight_decay * l2 / engine.num_replicas()
+    engine.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
+    # `loss` is this replica's share; the sum over replicas is the global loss.
+    return {"loss": engine.all_reduce(loss, "sum")}
+
+  def _eval_step(self, batch):
+    images, labels = batch
+    logits = self.model(images, training=False)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                                             labels), tf.float32))
+    return correct, tf.cast(tf.shape(labels)[0], tf.float32)
+
+  def evaluate(self, replicator: engine.Replicator) -> dict:
+    if not hasattr(self, "_eval_fn"):
+      data = replicator.distribute(self.data.eval, self.eval_batch_size)
+
+      @tf.function
+      def eval_all():
+        correct, count = tf.constant(0.0), tf.constant(0.0)
+        for batch in data:
+          c, n = replicator.run(self._eval_step, batch)
+          correct += replicator.reduce(c, "sum")
+          count += replicator.reduce(n, "sum")
+        return correct, count
+
+      self._eval_fn = eval_all
+    correct, count = self._eval_fn()
+    return {"eval/top1": float(correct / count), "eval/examples": int(count)}
+
+  def checkpoint_items(self) -> dict:
+    return {"model": self.model, "optimizer": self.optimizer}
+
+  def learning_rate(self, step: int) -> float:
+    return float(self.schedule(step)) if self.schedule is not None else float("nan")
+
+  def hparams(self) -> dict:
+    return {"base_lr_per_256": self.base_lr_per_256, "warmup_epochs": self.warmup_epochs,
+            "label_smoothing": self.label_smoothing, "weight_decay": self.weight_decay}
+
+  def describe(self, spec: TrainSpec) -> dict:
+    model = self.model_fn(num_classes=self.data.num_classes)
+    forward = cost.forward_flops(model, self.data.image_shape)
+    schedule = self._schedule(spec)
+    return {
+        "parameters": cost.parameter_count(model),
+        "forward_flops_per_example": forward,
+        "train_flops_per_example": 3 * forward,   # forward + backward (about 2x forward)
+        "allreduce_bytes_per_step": cost.gradient_bytes(model),
+        "learning_rate": {"peak": self.base_lr_per_256 * spec.global_batch_size / 256,
+                          "warmup_steps": schedule.warmup_steps,
+                          "decay": f"cosine over {schedule.decay_steps} steps"},
+    }
