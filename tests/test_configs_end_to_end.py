@@ -1,0 +1,61 @@
+"""Every config in configs/ runs end to end at tiny scale through the real harness."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+from tensorflow import make_ndarray
+
+from replibench.compiler import compile_experiment
+from replibench.compiler.plan import make_plan
+from replibench.harness.loop import run_experiment
+from tests import helpers
+
+RESULT_KEYS = {"status", "target_metric", "target", "time_to_target_s", "init_s",
+               "steps_to_target", "epochs_to_target", "examples_to_target", "final_metric",
+               "curve", "topology", "num_replicas", "global_batch_size", "seed",
+               "operative_config", "git_sha", "tf_version", "machine", "examples_per_s"}
+
+
+def test_every_workload_config_has_a_tiny_override():
+  missing = set(helpers.workload_configs()) - set(helpers.TINY) - {
+      c for c in helpers.workload_configs() if not helpers.runs_on_cpu(c)}
+  assert not missing, f"add tiny overrides to tests/helpers.py TINY for {missing}"
+
+
+@pytest.mark.parametrize("config", [c for c in helpers.workload_configs()
+                                    if helpers.runs_on_cpu(c)])
+@pytest.mark.parametrize("topology", ["local1.gin", "local2.gin"])
+def test_config_runs_end_to_end(config, topology, tmp_path):
+  files = [os.path.join(helpers.REPO, config),
+           os.path.join(helpers.REPO, "configs", "topology", topology)]
+  experiment = compile_experiment(files, helpers.TINY[config])
+  result = run_experiment(experiment, str(tmp_path))
+
+  assert RESULT_KEYS <= set(result)
+  assert result == helpers.result(tmp_path)      # what was returned is what was written
+  assert result["status"] in ("reached", "budget_exhausted")
+  assert result["num_replicas"] == int(topology[len("local"):-len(".gin")])
+  assert len(result["curve"]) >= 2
+  assert all(math.isfinite(metric) for _, _, metric in result["curve"])
+  assert math.isfinite(result["final_metric"]) and result["examples_per_s"] > 0
+  assert "Experiment.global_batch_size" in result["operative_config"]
+
+  tags = helpers.event_tags(tmp_path)
+  for tag in ("train/loss", "train/learning_rate", "train/examples_per_s",
+              result["target_metric"], "hparams/final_metric", "operative_config",
+              "_hparams_/session_start_info"):
+    assert tag in tags, f"missing TensorBoard tag {tag}; have {sorted(tags)}"
+  losses = [float(make_ndarray(t)) for _, t in tags["train/loss"]]
+  assert losses and np.all(np.isfinite(losses))
+  mllog = (tmp_path / "mllog.txt").read_text()
+  for key in ("init_start", "run_start", "eval_accuracy", "run_stop"):
+    assert f'"key": "{key}"' in mllog
+
+
+@pytest.mark.parametrize("config", helpers.workload_configs())
+def test_every_config_plans(config):
+  plan = make_plan(compile_experiment([os.path.join(helpers.REPO, config)], []))
+  assert plan["num_replicas"] >= 1 and plan["total_steps"] > 0
+  assert plan["parameters"] > 0 and plan["train_flops_per_step"] > 0

@@ -1,0 +1,71 @@
+"""Harness behaviour: resume, divergence, and bad input failing cleanly."""
+
+import os
+
+import pytest
+
+from replibench.compiler import compile_experiment
+from replibench.errors import UserError
+from replibench.harness.loop import run_experiment
+from tests import helpers
+
+CONFIG = "configs/resnet/fashion_mnist.gin"
+TINY = helpers.TINY[CONFIG]
+
+
+def _run(workdir, bindings=(), max_steps=None):
+  experiment = compile_experiment([os.path.join(helpers.REPO, CONFIG)], [*TINY, *bindings])
+  return run_experiment(experiment, str(workdir), max_steps=max_steps)
+
+
+def test_resume_continues_step_count_elapsed_time_and_curve(tmp_path):
+  first = _run(tmp_path, max_steps=3)
+  assert first["final_step"] == 3 and first["status"] == "budget_exhausted"
+  second = _run(tmp_path)
+  budget = second["budget"]["total_steps"]
+  assert second["final_step"] == budget > 3
+  assert second["total_s"] > first["total_s"]          # the timed span carried over
+  assert second["curve"][: len(first["curve"])] == first["curve"]
+  third = _run(tmp_path)                                # complete: nothing more to do
+  assert third == second
+
+
+def test_nan_loss_ends_the_run_as_diverged(tmp_path):
+  result = _run(tmp_path, ["ImageClassification.base_lr_per_256 = 1e30",
+                           "ImageClassification.warmup_epochs = 0"])
+  assert result["status"] == "diverged"
+  assert result["time_to_target_s"] is None and result["steps_to_target"] is None
+
+
+@pytest.mark.parametrize("bindings,culprit", [
+    (["Experiment.no_such_field = 1"], "no_such_field"),
+    (["NoSuchThing.x = 1"], "NoSuchThing"),
+    (["Experiment.global_batch_size = 'big'"], "Experiment.global_batch_size"),
+    (["Experiment.global_batch_size = 255", "topology.Local.num_replicas = 2"],
+     "global_batch_size"),
+    (["FashionMNIST.data_dir = '/nonexistent/fmnist'"], "/nonexistent/fmnist"),
+])
+def test_bad_input_names_the_culprit_and_writes_nothing(bindings, culprit, tmp_path):
+  with pytest.raises(UserError, match=culprit.replace(".", r"\.")):
+    _run(tmp_path, bindings)
+  assert not (tmp_path / "result.json").exists()
+
+
+def test_missing_gin_file_is_named():
+  with pytest.raises(UserError, match="nope.gin"):
+    compile_experiment(["nope.gin"], [])
+
+
+def test_cli_exit_codes(tmp_path):
+  """One subprocess each: user error exits 2 (one paragraph, no result); divergence 3."""
+  bad = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_bindings=Experiment.seed = 'x'",
+                    f"--workdir={tmp_path / 'bad'}")
+  assert bad.returncode == 2, bad.stderr[-2000:]
+  assert "Experiment.seed" in bad.stderr and "Traceback" not in bad.stderr
+  assert not (tmp_path / "bad" / "result.json").exists()
+
+  diverged = helpers.cli("run", f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in TINY),
+                         "--gin_bindings=ImageClassification.base_lr_per_256 = 1e30",
+                         f"--workdir={tmp_path / 'nan'}")
+  assert diverged.returncode == 3, diverged.stderr[-2000:]
+  assert helpers.result(tmp_path / "nan")["status"] == "diverged"

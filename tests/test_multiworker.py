@@ -1,0 +1,48 @@
+"""2 worker processes through `replibench launch` == 2 replicas in one process."""
+
+import numpy as np
+import tensorflow as tf
+
+from tests import helpers
+
+CONFIG = "configs/resnet/fashion_mnist.gin"
+# No augmentation: its random draws depend on how the batch is split into pipelines.
+BINDINGS = [*helpers.TINY[CONFIG], "FashionMNIST.augment = False"]
+
+
+def _variables(workdir) -> dict:
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.startswith(("model/", "optimizer/"))}
+
+
+def test_two_workers_match_two_local_replicas(tmp_path):
+  flags = [f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in BINDINGS)]
+  local = helpers.cli("run", *flags, "--gin_file=configs/topology/local2.gin",
+                      f"--workdir={tmp_path / 'local'}")
+  assert local.returncode == 0, local.stderr[-3000:]
+  launched = helpers.cli("launch", "--workers=2", "--timeout=500", "--", "run", *flags,
+                         "--gin_file=configs/topology/workers.gin",
+                         "--gin_bindings=topology.MultiWorker.workers = 2",
+                         f"--workdir={tmp_path / 'workers'}")
+  assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+  assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
+
+  a, b = helpers.result(tmp_path / "local"), helpers.result(tmp_path / "workers")
+  assert (a["num_replicas"], b["num_replicas"], b["num_workers"]) == (2, 2, 2)
+  assert b["scaling_kind"] == "worker_processes" and a["final_step"] == b["final_step"]
+  np.testing.assert_allclose(b["final_metric"], a["final_metric"], atol=1e-3)
+  local_vars, worker_vars = _variables(tmp_path / "local"), _variables(tmp_path / "workers")
+  assert local_vars.keys() == worker_vars.keys() and len(local_vars) > 10
+  for name, value in local_vars.items():
+    np.testing.assert_allclose(worker_vars[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+  assert not list(tmp_path.glob("workers/.scratch-*")), "non-chief scratch checkpoints left"
+
+
+def test_a_failing_worker_stops_the_launch(tmp_path):
+  run = helpers.cli("launch", "--workers=2", "--timeout=300", "--", "run",
+                    f"--gin_file={CONFIG}", "--gin_file=configs/topology/workers.gin",
+                    "--gin_bindings=topology.MultiWorker.workers = 3",
+                    f"--workdir={tmp_path}")
+  assert run.returncode == 2, run.stdout[-3000:]
+  assert "exited with code 2" in run.stderr
