@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 import gin
 import keras
 
+from models.layers import MeanAggregatedBatchNorm
+
 NormFactory = Callable[..., keras.layers.Layer]
 
 # Convolutions: He-normal (fan_in), no bias (every conv is followed by a norm layer).
@@ -27,12 +29,12 @@ _CONV_INIT = "he_normal"
 @gin.configurable
 def batch_norm(name: str | None = None, momentum: float = 0.9,
                epsilon: float = 1e-5) -> keras.layers.Layer:
-  """The default norm factory: per-replica BatchNormalization.
+  """The default norm factory: per-replica batch statistics, replica-consistent moving ones.
 
   momentum 0.9 (Keras' default is 0.99) suits short schedules: the moving
   statistics must track the weights within a few hundred steps.
   """
-  return keras.layers.BatchNormalization(momentum=momentum, epsilon=epsilon, name=name)
+  return MeanAggregatedBatchNorm(momentum=momentum, epsilon=epsilon, name=name)
 
 
 def _zero_gamma(layer: keras.layers.Layer) -> None:
@@ -154,7 +156,7 @@ def resnet50(num_classes: int = 1000, norm_layer: NormFactory | None = None,
 
 @gin.configurable
 def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
-                 blocks_per_stage: Sequence[int] = (1, 1, 1),
+                 blocks_per_stage: Sequence[int] | None = None,
                  strides: Sequence[int] | None = None, stem_width: int | None = None,
                  stem_stride: int = 1, block: str = "basic",
                  norm_layer: NormFactory | None = None, zero_init_residual: bool = True,
@@ -165,9 +167,11 @@ def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
   Stem: one 3x3 conv (stem_width channels, default widths[0]) + norm + ReLU with
   stride stem_stride (1 keeps 28x28). Then one stage per entry of widths, the
   first block of stage i strided by strides[i] (default 1 for the first stage,
-  2 for the others). With block='bottleneck' a stage outputs 4 * width channels.
+  2 for the others), with blocks_per_stage[i] blocks (default 1 each). With
+  block='bottleneck' a stage outputs 4 * width channels.
   """
   widths = tuple(widths)
+  blocks_per_stage = tuple(blocks_per_stage) if blocks_per_stage else (1,) * len(widths)
   strides = tuple(strides) if strides is not None else (1,) + (2,) * (len(widths) - 1)
   stem_width = stem_width or widths[0]
 

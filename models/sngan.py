@@ -19,6 +19,7 @@ gin's __init__ wrapper), so gin configures the builder functions below. Two size
     sngan_generator.out_channels = 3
     sngan_discriminator.widths = (1, 2, 4, 8, 16, 16)
     sngan_discriminator.downsample = (True, True, True, True, True, False)
+    sngan_discriminator.in_channels = 3
 """
 
 from typing import Callable, Sequence
@@ -26,6 +27,8 @@ from typing import Callable, Sequence
 import gin
 import keras
 from keras import ops
+
+from models.layers import MeanAggregatedBatchNorm
 
 from models.spectral_norm import SNConv2D, SNDense, SNEmbedding
 
@@ -43,26 +46,10 @@ def _glorot_sqrt2():
   return keras.initializers.VarianceScaling(2.0, mode="fan_avg", distribution="uniform")
 
 
-class MeanAggregatedBatchNorm(keras.layers.BatchNormalization):
-  """BatchNormalization whose moving statistics stay identical across replicas.
-
-  Keras 3 creates the moving mean/variance with aggregation 'none', so under
-  tf.distribute every replica silently keeps its own copy. With 'mean' each
-  update is averaged over replicas (what tf.keras did). Batch statistics are
-  still per replica; plug a cross-replica BN into the norm factory for global ones.
-  """
-
-  def add_weight(self, *args, trainable=True, aggregation="none", **kwargs):
-    if not trainable and aggregation == "none":
-      aggregation = "mean"
-    return super().add_weight(*args, trainable=trainable, aggregation=aggregation,
-                              **kwargs)
-
-
 @gin.configurable
-def sngan_batch_norm(name=None, momentum=0.9, epsilon=2e-5):
-  """The default normaliser: BN without affine parameters (Chainer's decay/eps)."""
-  return MeanAggregatedBatchNorm(center=False, scale=False, momentum=momentum,
+def sngan_batch_norm(name=None, center=False, scale=False, momentum=0.9, epsilon=2e-5):
+  """The default norm_layer factory (Chainer's BN decay and eps)."""
+  return MeanAggregatedBatchNorm(center=center, scale=scale, momentum=momentum,
                                  epsilon=epsilon, name=name)
 
 
@@ -70,16 +57,19 @@ class ConditionalBatchNorm(keras.layers.Layer):
   """norm(x) * gamma[y] + beta[y]: per-class scale and shift on an affine-free norm.
 
   num_classes=0 gives one unconditional gamma/beta (labels ignored). gamma starts
-  at 1, beta at 0. Input NHWC float, labels int [B].
+  at 1, beta at 0. Input NHWC float, labels int [B]. The normaliser is
+  norm_layer(name=..., center=False, scale=False): any factory taking keras
+  BatchNormalization's arguments works (e.g. a cross-replica BN).
   """
 
-  def __init__(self, num_classes: int, norm_factory: NormFactory = sngan_batch_norm,
+  def __init__(self, num_classes: int, norm_layer: NormFactory = sngan_batch_norm,
                **kwargs):
     super().__init__(**kwargs)
     self.num_classes = num_classes
-    self.norm = norm_factory(name="norm")
+    self.norm = norm_layer(name="norm", center=False, scale=False)
 
   def build(self, input_shape):
+    self.norm.build(input_shape)
     channels = input_shape[-1]
     rows = max(self.num_classes, 1)
     self.gamma = self.add_weight(name="gamma", shape=(rows, channels), initializer="ones")
@@ -98,19 +88,35 @@ class ConditionalBatchNorm(keras.layers.Layer):
 class GeneratorBlock(keras.layers.Layer):
   """Pre-activation up-block: CBN-ReLU-up-conv3x3-CBN-ReLU-conv3x3 + (up, conv1x1)."""
 
-  def __init__(self, in_channels, out_channels, num_classes, norm_factory,
+  def __init__(self, in_channels, out_channels, num_classes, norm_layer,
                upsample=True, **kwargs):
     super().__init__(**kwargs)
+    self.out_channels = out_channels
     self.upsample = keras.layers.UpSampling2D(2) if upsample else None
-    self.b1 = ConditionalBatchNorm(num_classes, norm_factory, name="b1")
+    self.b1 = ConditionalBatchNorm(num_classes, norm_layer, name="b1")
     self.c1 = keras.layers.Conv2D(out_channels, 3, padding="same",
                                   kernel_initializer=_glorot_sqrt2(), name="c1")
-    self.b2 = ConditionalBatchNorm(num_classes, norm_factory, name="b2")
+    self.b2 = ConditionalBatchNorm(num_classes, norm_layer, name="b2")
     self.c2 = keras.layers.Conv2D(out_channels, 3, padding="same",
                                   kernel_initializer=_glorot_sqrt2(), name="c2")
     self.c_sc = None
     if in_channels != out_channels or upsample:
       self.c_sc = keras.layers.Conv2D(out_channels, 1, name="c_sc")
+
+  def output_shape_for(self, input_shape):
+    batch, height, width, _ = input_shape
+    scale = 2 if self.upsample is not None else 1
+    return (batch, height * scale, width * scale, self.out_channels)
+
+  def build(self, input_shape):
+    # Explicit builds spare Keras a symbolic trace of call() per nesting level.
+    out_shape = self.output_shape_for(input_shape)
+    self.b1.build(input_shape)
+    self.c1.build(out_shape[:3] + (input_shape[-1],))
+    self.b2.build(out_shape)
+    self.c2.build(out_shape)
+    if self.c_sc is not None:
+      self.c_sc.build(input_shape)
 
   def call(self, x, labels=None, training=None):
     h = ops.relu(self.b1(x, labels, training=training))
@@ -139,6 +145,7 @@ class DiscriminatorBlock(keras.layers.Layer):
                **kwargs):
     super().__init__(**kwargs)
     self.optimized = optimized
+    self.out_channels = out_channels
     hidden = out_channels if optimized else in_channels
     self.pool = keras.layers.AveragePooling2D(2) if downsample else None
     self.c1 = SNConv2D(hidden, 3, kernel_initializer=_glorot_sqrt2(), name="c1")
@@ -146,6 +153,19 @@ class DiscriminatorBlock(keras.layers.Layer):
     self.c_sc = None
     if optimized or in_channels != out_channels or downsample:
       self.c_sc = SNConv2D(out_channels, 1, name="c_sc")
+
+  def output_shape_for(self, input_shape):
+    batch, height, width, _ = input_shape
+    if self.pool is not None:
+      height, width = height // 2, width // 2
+    return (batch, height, width, self.out_channels)
+
+  def build(self, input_shape):
+    self.c1.build(input_shape)
+    self.c2.build(tuple(input_shape[:3]) + (self.c1.filters,))
+    if self.c_sc is not None:
+      pooled = self.output_shape_for(input_shape)[:3] + (input_shape[-1],)
+      self.c_sc.build(pooled if self.optimized else input_shape)
 
   def _pool(self, x):
     return self.pool(x) if self.pool is not None else x
@@ -170,17 +190,28 @@ class ResNetGenerator(keras.Model):
   """
 
   def __init__(self, num_classes, z_dim, ch, widths, bottom_width, out_channels,
-               norm_factory, **kwargs):
+               norm_layer, **kwargs):
     super().__init__(**kwargs)
     self.num_classes = num_classes
     self.z_dim = z_dim
     self.bottom = (bottom_width, bottom_width, ch * widths[0])
     self.l1 = keras.layers.Dense(bottom_width * bottom_width * ch * widths[0], name="l1")
     self.blocks = [
-        GeneratorBlock(ch * w_in, ch * w_out, num_classes, norm_factory, name=f"block{i}")
+        GeneratorBlock(ch * w_in, ch * w_out, num_classes, norm_layer, name=f"block{i}")
         for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:]), start=2)]
-    self.b_out = ConditionalBatchNorm(0, norm_factory, name="b_out")
+    self.b_out = ConditionalBatchNorm(0, norm_layer, name="b_out")
     self.c_out = keras.layers.Conv2D(out_channels, 3, padding="same", name="c_out")
+    side = bottom_width * 2 ** len(self.blocks)
+    self.image_shape = (side, side, out_channels)
+
+  def build(self, z_shape):
+    self.l1.build(z_shape)
+    shape = (z_shape[0],) + self.bottom
+    for block in self.blocks:
+      block.build(shape)
+      shape = block.output_shape_for(shape)
+    self.b_out.build(shape)
+    self.c_out.build(shape)
 
   def call(self, z, labels=None, training=None):
     h = ops.reshape(self.l1(z), (-1,) + self.bottom)
@@ -211,6 +242,15 @@ class ResNetProjectionDiscriminator(keras.Model):
     self.l_y = (SNEmbedding(num_classes, channels[-1], name="l_y")
                 if num_classes else None)
 
+  def build(self, images_shape):
+    shape = tuple(images_shape)
+    for block in self.blocks:
+      block.build(shape)
+      shape = block.output_shape_for(shape)
+    self.l_out.build((shape[0], shape[-1]))
+    if self.l_y is not None:
+      self.l_y.build()
+
   def call(self, images, labels=None, training=None):
     h = images
     for block in self.blocks:
@@ -226,10 +266,10 @@ class ResNetProjectionDiscriminator(keras.Model):
 def sngan_generator(num_classes: int = 10, z_dim: int = 128, ch: int = 64,
                     widths: Sequence[int] = (1, 1, 1), bottom_width: int = 7,
                     out_channels: int = 1,
-                    norm_factory: NormFactory = sngan_batch_norm) -> ResNetGenerator:
+                    norm_layer: NormFactory = sngan_batch_norm) -> ResNetGenerator:
   """The conditional ResNet generator; defaults are the Fashion-MNIST size."""
   return ResNetGenerator(num_classes, z_dim, ch, tuple(widths), bottom_width,
-                         out_channels, norm_factory, name="generator")
+                         out_channels, norm_layer, name="generator")
 
 
 @gin.configurable
@@ -242,16 +282,14 @@ def sngan_discriminator(num_classes: int = 10, ch: int = 64,
                                        in_channels, name="discriminator")
 
 
-def build_models(generator, discriminator, batch_size=2):
-  """Creates all variables with one inference pass (call under strategy.scope()).
+def build_models(generator, discriminator):
+  """Creates every variable of both models without running them.
 
-  Variables must exist before a replicated step is traced; training=False leaves
-  u vectors and BN statistics untouched.
+  Call under strategy.scope(): variables must exist before a replicated step is
+  traced.
   """
-  z = keras.random.normal((batch_size, generator.z_dim), seed=0)
-  labels = ops.zeros((batch_size,), "int32")
-  images = generator(z, labels, training=False)
-  discriminator(images, labels, training=False)
+  generator.build((None, generator.z_dim))
+  discriminator.build((None,) + generator.image_shape)
 
 
 @gin.configurable

@@ -102,7 +102,8 @@ def train(config: ClassifierConfig, data_dir=None) -> keras.Model:
       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
       jit_compile=False)
   # One pass over a pre-permuted stream of all epochs keeps the order seeded.
-  train_model.fit(_training_batches(images, labels, config), epochs=1, verbose=0)
+  train_model.fit(_training_batches(images, labels, config), epochs=1, shuffle=False,
+                  verbose=0)
   return model
 
 

@@ -27,9 +27,12 @@ class RealReference:
   cov: np.ndarray
 
 
-def real_reference(classifier: Classifier, split="train", data_dir=None) -> RealReference:
-  """Features and Gaussian statistics of the whole Fashion-MNIST `split`."""
+def real_reference(classifier: Classifier, split="train", data_dir=None,
+                   num_examples=None) -> RealReference:
+  """Features and Gaussian statistics of Fashion-MNIST `split` (all of it, or its
+  first num_examples images)."""
   images, _ = fashion_mnist.load(split, data_dir)
+  images = images[:num_examples]
   features, _ = classifier.predict(to_model_range(images))
   return RealReference(split, features, *metrics.gaussian_statistics(features))
 

@@ -99,6 +99,7 @@ class _Run:
       outputs = self.train()
       step = int(self.step.assign_add(exp.steps_per_call).numpy())
       meter.trained(exp.steps_per_call, time.monotonic() - t0)
+      self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       loss = float(outputs["loss"])
       if not math.isfinite(loss):
@@ -112,6 +113,7 @@ class _Run:
         meter.evaluated(step, value)
         if self._meets_target(value):
           status, reached_at = "reached", step
+          self.state["at_target"] = self.state["last_eval"]
           break
       if step % exp.checkpoint_every_steps == 0:
         self.save()
@@ -124,16 +126,21 @@ class _Run:
     values = {f"train/{k}": float(v) for k, v in outputs.items()}
     values["train/learning_rate"] = self.workload.learning_rate(step)
     values["train/examples_per_s"] = meter.recent_examples_per_s()
+    values.update(self.workload.host_metrics())
     self.summaries.scalars(step, values)
     logging.info("%s", meter.line(step, values, now))
 
   def _evaluate(self, step: int, elapsed) -> float:
     metrics = self.workload.evaluate(self.replicator)
-    value = float(metrics[self.workload.target_metric])
+    images = {k: v for k, v in metrics.items() if isinstance(v, np.ndarray) and v.ndim == 4}
+    scalars = {k: float(v) for k, v in metrics.items() if k not in images}
+    value = scalars[self.workload.target_metric]
     now = elapsed()
     self.state["curve"].append([step, round(now, 3), value])
-    self.summaries.scalars(step, {k: v for k, v in metrics.items()
-                                  if isinstance(v, (int, float))})
+    self.state["last_eval"] = scalars
+    self.summaries.scalars(step, scalars)
+    for tag, image in images.items():
+      self.summaries.image(tag, image, step)
     epoch = step / self.spec.steps_per_epoch
     self.mllog.event(MLC.EVAL_ACCURACY, value, epoch_num=round(epoch, 3))
     logging.info("eval at step %d (epoch %.2f, %.1f s): %s = %.4f (target %s)", step, epoch,
@@ -157,6 +164,8 @@ class _Run:
         "epochs_to_target": reached_at / self.spec.steps_per_epoch if reached_at else None,
         "examples_to_target": reached_at * exp.global_batch_size if reached_at else None,
         "final_metric": curve[-1][2] if curve else None, "final_step": step,
+        "final_metrics": self.state.get("last_eval"),
+        "metrics_at_target": self.state.get("at_target") if status == "reached" else None,
         "examples_per_s": meter.examples_per_s(),
         "budget": {"total_steps": exp.total_steps, "limit": self.limit},
         "curve": curve, **self.describe(),
@@ -194,6 +203,7 @@ class _Run:
     self.summaries.text("operative_config", operative_config_markdown(self.operative_config))
 
   def close(self) -> None:
+    self.workload.close()
     self.summaries.close()
     self.mllog.close()
 

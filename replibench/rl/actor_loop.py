@@ -1,12 +1,14 @@
 """What runs inside one actor (or evaluator) process started by `ActorPool`.
 
-The process imports only numpy, dm_control and the TF policy network, on the CPU
-with one TF thread. It steps its own environment with its own seed, acts with
-the latest published policy plus Gaussian noise (none for the evaluator), turns
-steps into n-step transitions and sends messages to the learner over a pipe:
+The process imports numpy and dm_control but never TensorFlow (EGL rendering and
+TensorFlow cannot share a process; see numpy_policy.py): the policy is the actor
+network evaluated in numpy on one BLAS thread. It steps its own environment with
+its own seed, acts with the latest published policy plus Gaussian noise (none for
+the evaluator), turns steps into n-step transitions and sends messages to the
+learner over a pipe:
 
   ('transitions', dict of arrays [N, ...])   (actors only)
-  ('stats', {'env_steps', 'env_steps_per_s', 'episodes', 'weights_version', 'pid'})
+  ('stats', {'env_steps', 'env_steps_per_s', 'weights_version', 'pid'})
   ('episode', {'return', 'length', 'weights_version', 'env_steps'})
   ('error', traceback text)                   (then exit code 1)
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from replibench.rl import envs
 from replibench.rl import nstep
+from replibench.rl import numpy_policy
 
 _POLL_S = 0.1  # Longest wait on anything before re-checking stop/learner liveness.
 
@@ -56,6 +59,14 @@ class ActorConfig:
   stats_every_s: float = 1.0
   outbox_size: int = 16
 
+  @classmethod
+  def from_networks(cls, networks, env: envs.EnvConfig, **kwargs) -> "ActorConfig":
+    """The config matching a models.d4pg.D4PGNetworks (read by attribute, no TF import)."""
+    hparams = networks.hparams
+    return cls(env=env, policy_sizes=networks.policy_sizes, embed_dim=networks.embed_dim,
+               n_step=hparams.n_step, discount=hparams.discount, sigma=hparams.sigma,
+               **kwargs)
+
 
 class _LearnerGone(Exception):
   """The pool asked us to stop, or the learner process/pipe is gone."""
@@ -75,7 +86,10 @@ class _Outbox:
 
   def _send_loop(self):
     while True:
-      message = self._queue.get()
+      try:
+        message = self._queue.get(timeout=_POLL_S)
+      except queue.Empty:
+        continue
       if message is None:
         return
       try:
@@ -107,29 +121,20 @@ class _Outbox:
 
 
 class _Policy:
-  """The TF actor network on one CPU thread, refreshed from SharedWeights."""
+  """NumpyPolicy kept current from SharedWeights."""
 
   def __init__(self, config: ActorConfig, env, weights):
-    import tensorflow as tf  # Only here: the parent module stays TF-free.
-    tf.config.set_visible_devices([], "GPU")
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    from models import d4pg
     obs_spec, action_spec = env.observation_spec(), env.action_spec()
-    self.model = d4pg.make_actor_network(
+    self._net = numpy_policy.NumpyPolicy(
         obs_spec.shape, action_spec.minimum, action_spec.maximum, config.policy_sizes,
         config.env.pixels, config.embed_dim)
-    shapes = [tuple(w.shape) for w in self.model.get_weights()]
-    if shapes != weights.shapes:
+    if self._net.shapes != weights.shapes:
       raise ValueError(
           f"The actor's policy (policy_sizes={config.policy_sizes}, pixels="
-          f"{config.env.pixels}) has weight shapes {shapes}, but the learner published "
-          f"{weights.shapes}: ActorConfig must match the learner's D4PGNetworks.")
+          f"{config.env.pixels}) has weight shapes {self._net.shapes}, but the learner "
+          f"published {weights.shapes}: ActorConfig must match the learner's D4PGNetworks.")
     self._weights = weights
     self.version = 0
-    self._act = tf.function(
-        lambda obs: self.model(obs[None], training=False)[0],
-        input_signature=[tf.TensorSpec(obs_spec.shape, obs_spec.dtype)])
 
   def refresh(self) -> bool:
     """Loads the newest published weights, if newer than ours."""
@@ -137,11 +142,11 @@ class _Policy:
     if got is None:
       return False
     self.version, arrays = got
-    self.model.set_weights(arrays)
+    self._net.set_weights(arrays)
     return True
 
   def __call__(self, observation: np.ndarray) -> np.ndarray:
-    return self._act(observation).numpy()
+    return self._net(observation)
 
 
 def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weights):
@@ -155,13 +160,13 @@ def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weigh
   sigma = 0.0 if evaluator else config.sigma
   accumulator = nstep.NStepAccumulator(config.n_step, config.discount)
   pending: list[nstep.Transition] = []
-  steps = episodes = 0
+  steps = 0
   last_stats_time, last_stats_steps = time.monotonic(), 0
 
   def stats(now: float) -> dict:
     rate = (steps - last_stats_steps) / max(now - last_stats_time, 1e-9)
     return {"env_steps": steps * config.env.action_repeat,
-            "env_steps_per_s": rate * config.env.action_repeat, "episodes": episodes,
+            "env_steps_per_s": rate * config.env.action_repeat,
             "weights_version": policy.version, "pid": os.getpid()}
 
   outbox.put(("stats", stats(last_stats_time)))
@@ -191,7 +196,6 @@ def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weigh
       if now - last_stats_time >= config.stats_every_s:
         outbox.put(("stats", stats(now)))
         last_stats_time, last_stats_steps = now, steps
-    episodes += 1
     outbox.put(("episode", {"return": float(episode_return), "length": length,
                             "weights_version": policy.version,
                             "env_steps": steps * config.env.action_repeat}))
@@ -199,19 +203,29 @@ def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weigh
 
 def actor_main(config: ActorConfig, seed: int, evaluator: bool, conn, weights, stop_flag,
                parent_pid: int) -> None:
-  """Process entry point; exits 0 when told to stop, 1 after reporting an error."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  os.environ["CUDA_VISIBLE_DEVICES"] = ""
-  os.environ["OMP_NUM_THREADS"] = "1"
+  """Process entry point; exits 0 when told to stop, 1 after reporting an error.
+
+  Ends with os._exit: interpreter teardown of the EGL/MuJoCo contexts can crash
+  and would turn a clean stop into a spurious failure.
+  """
   outbox = _Outbox(conn, config.outbox_size, stop_flag, parent_pid)
+  code = 0
   try:
+    if config.env.pixels and "tensorflow" in sys.modules:
+      raise RuntimeError(
+          "TensorFlow is loaded in this pixel actor process, and EGL rendering crashes "
+          "alongside it. Something imported it at spawn time: keep TensorFlow imports "
+          "out of the modules an actor process loads.")
     _run(config, seed, evaluator, outbox, weights)
   except _LearnerGone:
-    sys.exit(0)
+    pass
   except BaseException:  # noqa: BLE001 -- Report anything to the learner, then fail.
+    code = 1
     try:
       outbox.put(("error", traceback.format_exc()))
     except _LearnerGone:
       pass
-    outbox.flush(timeout_s=5.0)
-    sys.exit(1)
+  outbox.flush(timeout_s=2.0 if code else 0.0)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)

@@ -15,15 +15,22 @@ A crashed actor (non-zero or unexpected exit, a reported exception, or no
 message for stall_timeout_s) is restarted with a new seed and a logged warning,
 up to max_restarts times over the pool's life; after that the pool stops all
 processes and raises ActorCrashError. Nothing here blocks without a timeout.
+
+Actor processes never load TensorFlow (see numpy_policy.py); pixel actors get
+MUJOCO_GL=egl. While a child starts, __main__ is hidden from spawn so a learner
+script's top-level imports (TensorFlow) are not re-run in it.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import sys
 import time
 from typing import Any
 
@@ -38,10 +45,40 @@ from replibench.rl.shared_weights import SharedWeights
 __all__ = ["ActorConfig", "ActorCrashError", "ActorPool"]
 
 _JOIN_TIMEOUT_S = 5.0  # Per process, at stop(), before terminate() and then kill().
+# One thread per actor: the machine's cores are shared by all actors and the learner.
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class ActorCrashError(RuntimeError):
   """An actor process failed and the pool has no restarts left; the run must end."""
+
+
+@contextlib.contextmanager
+def _spawn_conditions(env: dict[str, str]):
+  """While starting a child: extra environment variables, and no __main__ re-import.
+
+  Environment: BLAS/OpenMP thread pools are sized when numpy loads, which in a
+  spawned child happens before any of our code runs; MUJOCO_GL likewise.
+  __main__: spawn re-runs the parent's main module in the child, and a learner
+  script that imports TensorFlow at top level would load it there (fatal next to
+  EGL, and seconds of start-up). Actors need nothing from __main__.
+  """
+  saved_env = {k: os.environ.get(k) for k in env}
+  main = sys.modules["__main__"]
+  saved_main = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+  os.environ.update(env)
+  main.__dict__.pop("__file__", None)
+  main.__spec__ = None
+  try:
+    yield
+  finally:
+    for k, v in saved_env.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+    main.__dict__.pop("__spec__", None)
+    main.__dict__.update(saved_main)
 
 
 @dataclasses.dataclass
@@ -58,6 +95,7 @@ class _Slot:
   error: str | None = None
   stats: dict = dataclasses.field(default_factory=dict)
   env_steps_before: int = 0  # Env steps of earlier (crashed) incarnations.
+  episodes: int = 0  # Over all incarnations, counted from 'episode' messages.
 
 
 @gin.configurable
@@ -90,7 +128,7 @@ class ActorPool:
       self._slots.append(_Slot("evaluator", num_actors, True))
     self._weights: SharedWeights | None = None
     self._stop_flag = self._ctx.RawValue("b", 0)
-    self._eval_results: list[dict] = []
+    self._eval_results = collections.deque(maxlen=10_000)  # Bounded if never read.
     self._running = False
 
   # -- lifecycle ----------------------------------------------------------------
@@ -127,17 +165,21 @@ class ActorPool:
   def __exit__(self, *exc) -> None:
     self.stop()
 
-  def _seed(self, slot: _Slot) -> int:
-    entropy = np.random.SeedSequence([self.seed, slot.index, slot.incarnation])
+  def actor_seed(self, index: int, incarnation: int = 0) -> int:
+    """Env/noise seed of actor `index` (num_actors = the evaluator) in an incarnation."""
+    entropy = np.random.SeedSequence([self.seed, index, incarnation])
     return int(entropy.generate_state(1)[0] % (2**31 - 1))
 
   def _spawn(self, slot: _Slot) -> None:
     reader, writer = self._ctx.Pipe(duplex=False)
     slot.process = self._ctx.Process(
         target=actor_main, name=f"replibench-{slot.name}", daemon=True,
-        args=(self.config, self._seed(slot), slot.evaluator, writer, self._weights,
-              self._stop_flag, os.getpid()))
-    slot.process.start()
+        args=(self.config, self.actor_seed(slot.index, slot.incarnation), slot.evaluator,
+              writer, self._weights, self._stop_flag, os.getpid()))
+    child_env = {name: "1" for name in _THREAD_VARS}
+    child_env["MUJOCO_GL"] = "egl" if self.config.env.pixels else "disable"
+    with _spawn_conditions(child_env):
+      slot.process.start()
     writer.close()  # The child holds the only write end: its death means EOF here.
     slot.conn = reader
     slot.started = slot.last_message = time.monotonic()
@@ -194,8 +236,8 @@ class ActorPool:
 
     Returns {'env_steps', 'env_steps_per_s', 'restarts', 'weights_version',
     'actors': [per-actor dicts], 'evaluator': dict or None}; per-actor dicts hold
-    name, pid, alive, incarnation, env_steps (all incarnations), env_steps_per_s,
-    episodes, weights_version (the one it acts with), last_return.
+    name, pid, alive, incarnation, env_steps and episodes (over all incarnations),
+    env_steps_per_s, weights_version (the one it acts with), last_return.
     """
     per_slot = []
     for slot in self._slots:
@@ -205,7 +247,7 @@ class ActorPool:
           "incarnation": slot.incarnation,
           "env_steps": slot.env_steps_before + slot.stats.get("env_steps", 0),
           "env_steps_per_s": slot.stats.get("env_steps_per_s", 0.0),
-          "episodes": slot.stats.get("episodes", 0),
+          "episodes": slot.episodes,
           "weights_version": slot.stats.get("weights_version", 0),
           "last_return": slot.stats.get("last_return")})
     actors = [s for s, slot in zip(per_slot, self._slots) if not slot.evaluator]
@@ -218,7 +260,8 @@ class ActorPool:
   def eval_results(self) -> list[dict]:
     """Evaluator episodes since the last call: {'return' (undiscounted), 'length',
     'weights_version', 'env_steps'}, oldest first."""
-    results, self._eval_results = self._eval_results, []
+    results = list(self._eval_results)
+    self._eval_results.clear()
     return results
 
   # -- messages and health ------------------------------------------------------
@@ -244,6 +287,7 @@ class ActorPool:
       elif kind == "stats":
         slot.stats.update(payload)
       elif kind == "episode":
+        slot.episodes += 1
         slot.stats["last_return"] = payload["return"]
         if slot.evaluator:
           self._eval_results.append(payload)
@@ -255,7 +299,8 @@ class ActorPool:
     """Why this slot's current process counts as crashed, or None if it is fine."""
     exitcode = slot.process.exitcode
     if exitcode is not None:
-      how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+      how = (f"was killed by signal {-exitcode}" if exitcode < 0
+             else f"exited with code {exitcode}")
       return f"{slot.name} (pid {slot.process.pid}) {how}"
     if slot.error is not None:
       return f"{slot.name} (pid {slot.process.pid}) raised an exception"

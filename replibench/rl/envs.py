@@ -3,11 +3,15 @@
 Tasks are named 'domain-task' ('cartpole-swingup', 'walker-walk', 'cheetah-run',
 or any other suite task). State observations are the task's observation dict
 flattened in key order to float32 [obs_dim]. Pixel observations are 84x84 RGB
-frames from `physics.render` (MUJOCO_GL=egl unless set otherwise), the last
-`frame_stack` frames concatenated on channels: uint8 [84, 84, 3 * frame_stack].
+frames from `physics.render`, the last `frame_stack` frames concatenated on
+channels: uint8 [84, 84, 3 * frame_stack].
 
-Episodes end by time limit: the last step has discount 1 (a truncation), which
-n-step accumulation must honour by bootstrapping from the final observation.
+Rendering uses EGL (Mesa on CPU-only machines), which cannot share a process
+with TensorFlow: loading both segfaults, in either import order. So MUJOCO_GL
+defaults to 'disable' (state tasks work anywhere, and the learner can import
+this module and TensorFlow in any order); ActorPool starts pixel actors, which
+never load TensorFlow, with MUJOCO_GL=egl. A standalone TF-free script that
+renders must set MUJOCO_GL=egl itself before importing this module.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import sys
 
 # Must precede the first dm_control import: the render backend is chosen then.
-os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("MUJOCO_GL", "disable")
 
 import dm_env  # noqa: E402
 from dm_env import specs  # noqa: E402
@@ -25,6 +30,8 @@ import gin  # noqa: E402
 import numpy as np  # noqa: E402
 
 from replibench.errors import UserError  # noqa: E402
+
+_NO_RENDERER = ("off", "disable", "disabled", "false", "0")  # dm_control's spellings.
 
 
 @gin.configurable
@@ -83,6 +90,7 @@ class ControlEnv(dm_env.Environment):
     self.config = config
     self._env = suite.load(domain, task, task_kwargs=task_kwargs)
     self._frames = collections.deque(maxlen=config.frame_stack)
+    self._needs_reset = True
     spec = self._env.action_spec()
     self._action_spec = specs.BoundedArray(
         spec.shape, np.float32, spec.minimum.astype(np.float32),
@@ -93,6 +101,13 @@ class ControlEnv(dm_env.Environment):
     return self._env.physics
 
   def _render(self) -> np.ndarray:
+    if os.environ.get("MUJOCO_GL") in _NO_RENDERER or "tensorflow" in sys.modules:
+      raise RuntimeError(
+          f"Pixel observations need EGL rendering, unavailable in this process "
+          f"(MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}, TensorFlow loaded: "
+          f"{'tensorflow' in sys.modules}). EGL and TensorFlow crash when loaded "
+          f"together: run pixel environments in actor processes (ActorPool), or in a "
+          f"TensorFlow-free process started with MUJOCO_GL=egl.")
     size = self.config.image_size
     return self._env.physics.render(size, size, camera_id=self.config.camera_id)
 
@@ -107,11 +122,17 @@ class ControlEnv(dm_env.Environment):
     return np.concatenate(self._frames, axis=-1)
 
   def reset(self) -> dm_env.TimeStep:
+    self._needs_reset = False
     time_step = self._env.reset()
     return time_step._replace(observation=self._observe(time_step, first=True))
 
   def step(self, action) -> dm_env.TimeStep:
-    """One agent step = action_repeat env steps; rewards summed, discounts multiplied."""
+    """One agent step = action_repeat env steps; rewards summed, discounts multiplied.
+
+    As dm_env specifies, a step after the LAST step starts a new episode instead.
+    """
+    if self._needs_reset:
+      return self.reset()
     action = np.asarray(action, np.float64)
     reward, discount = 0.0, 1.0
     for _ in range(self.config.action_repeat):
@@ -119,6 +140,7 @@ class ControlEnv(dm_env.Environment):
       reward += time_step.reward or 0.0
       discount *= time_step.discount
       if time_step.last():
+        self._needs_reset = True
         break
     return dm_env.TimeStep(time_step.step_type, reward, discount,
                            self._observe(time_step, first=False))

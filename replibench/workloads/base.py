@@ -49,11 +49,27 @@ class Workload(abc.ABC):
 
   @abc.abstractmethod
   def evaluate(self, replicator: Replicator) -> dict:
-    """Evaluates the current model; returns host floats including target_metric."""
+    """Evaluates the current model: {name: host float}, including target_metric.
+
+    Values that are numpy arrays [k, H, W, C] (floats in [0, 1]) are written as
+    TensorBoard images (e.g. a grid of generated samples) and kept out of
+    result.json.
+    """
 
   @abc.abstractmethod
   def checkpoint_items(self) -> dict:
     """Trackables to checkpoint (models, optimizers, other state)."""
+
+  def after_train_call(self, step: int) -> None:
+    """Host-side work after each compiled call of steps_per_call steps (e.g. publishing
+    policy weights to actor processes). step is the global step reached."""
+
+  def host_metrics(self) -> dict:
+    """Host-side scalars logged with the training metrics (e.g. actor env steps/s)."""
+    return {}
+
+  def close(self) -> None:
+    """Releases what build() started (processes, files). Called once, at the end."""
 
   def learning_rate(self, step: int) -> float:
     """The learning rate in force at a step, for summaries (nan if not applicable)."""
