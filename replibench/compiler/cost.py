@@ -16,7 +16,12 @@ def forward_flops(model: keras.Model, input_shape: tuple) -> int:
   graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec).graph
   options = option_builder.ProfileOptionBuilder(
       option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
-  return int(model_analyzer.profile(graph, options=options).total_float_ops)
+  verbosity = tf.get_logger().level
+  tf.get_logger().setLevel("ERROR")   # The v1 profiler logs deprecation warnings.
+  try:
+    return int(model_analyzer.profile(graph, options=options).total_float_ops)
+  finally:
+    tf.get_logger().setLevel(verbosity)
 
 
 def gradient_bytes(model: keras.Model) -> int:

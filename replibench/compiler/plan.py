@@ -14,6 +14,7 @@ def make_plan(experiment: Experiment) -> dict:
       "topology": topology.describe(),
       "scaling_kind": topology.kind,
       "num_replicas": topology.num_replicas,
+      "devices": topology.describe_devices(),
       "global_batch_size": experiment.global_batch_size,
       "per_replica_batch_size": experiment.global_batch_size // topology.num_replicas,
       "parameters": facts.get("parameters"),
@@ -34,16 +35,19 @@ def make_plan(experiment: Experiment) -> dict:
   }
 
 
-def _human(value) -> str:
-  if isinstance(value, float) and value >= 1e6:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
-      if value >= scale:
-        return f"{value / scale:.2f}{unit}"
-  if isinstance(value, int) and value >= 10**6:
+def _human(key: str, value) -> str:
+  """Large counts with SI units: FLOPs as GFLOP/TFLOP, bytes as MB, others with commas."""
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 10**6:
+    return str(value)
+  unit = "FLOP" if "flops" in key else "B" if "bytes" in key else None
+  if unit is None:
     return f"{value:,}"
+  for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+    if value >= scale:
+      return f"{value / scale:.2f} {prefix}{unit}"
   return str(value)
 
 
 def format_plan(plan: dict) -> str:
   width = max(len(k) for k in plan)
-  return "\n".join(f"{k.ljust(width)}  {_human(v)}" for k, v in plan.items())
+  return "\n".join(f"{k.ljust(width)}  {_human(k, v)}" for k, v in plan.items())

@@ -11,7 +11,7 @@ import dataclasses
 import gin
 import tensorflow as tf
 
-from replibench.data import fashion_mnist
+from replibench.data import fashion_mnist, tfds_images
 
 
 @gin.configurable
@@ -43,3 +43,43 @@ class FashionMNIST:
         "test", per_replica_batch_size=ctx.per_replica_batch_size,
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
         training=False, seed=0, data_dir=self.data_dir)
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TfdsImages:
+  """A prepared TFDS image dataset (imagenet2012, cifar10); nothing is downloaded.
+
+  The example and class counts are declared in the config, so a run can be
+  planned on a machine that does not hold the data.
+  """
+
+  name: str = "imagenet2012"
+  data_dir: str | None = None
+  num_classes: int = 1000
+  num_train_examples: int = 1_281_167
+  image_size: int = 224
+  train_split: str = "train"
+  eval_split: str = "validation"
+
+  @property
+  def image_shape(self) -> tuple:
+    return (self.image_size, self.image_size, 3)
+
+  def train_examples(self) -> int:
+    return self.num_train_examples
+
+  def _dataset(self, ctx, split: str, training: bool, seed: int) -> tf.data.Dataset:
+    ds = tfds_images.dataset(
+        self.name, split, per_replica_batch_size=ctx.per_replica_batch_size,
+        input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
+        training=training, seed=seed, image_size=self.image_size, data_dir=self.data_dir)
+    return ds
+
+  def train(self, ctx, seed: int) -> tf.data.Dataset:
+    # TFDS file-level shuffling cannot seek: a resumed run skips the consumed batches.
+    batches_done = ctx.start_step * ctx.num_replicas // ctx.num_input_pipelines
+    return self._dataset(ctx, self.train_split, True, seed).skip(batches_done)
+
+  def eval(self, ctx) -> tf.data.Dataset:
+    return self._dataset(ctx, self.eval_split, False, 0)

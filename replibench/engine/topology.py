@@ -26,6 +26,10 @@ class Topology:
   def make_strategy(self) -> tf.distribute.Strategy:
     raise NotImplementedError
 
+  def describe_devices(self) -> str:
+    """Where the replicas run, said without initialising any device."""
+    raise NotImplementedError
+
   def describe(self) -> str:
     fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
     return f"{type(self).__name__}({fields})"
@@ -43,6 +47,12 @@ class Local(Topology):
   def __post_init__(self):
     if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
       raise UserError(f"Local(num_replicas={self.num_replicas!r}): need a positive integer.")
+
+  def describe_devices(self) -> str:
+    kind = self.device
+    if kind == "auto":
+      kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    return f"{self.num_replicas} x {'GPU' if kind == 'gpu' else 'CPU (logical devices)'}"
 
   def make_strategy(self):
     names = devices.local_devices(self.num_replicas, self.device)
@@ -98,6 +108,10 @@ class MultiWorker(Topology):
       workers = len(read_tf_config()["cluster"]["worker"])
     return max(workers, 1) * self.replicas_per_worker
 
+  def describe_devices(self) -> str:
+    workers = self.workers or "TF_CONFIG's"
+    return f"{workers} worker(s) x {self.replicas_per_worker} replica(s)"
+
   def make_strategy(self):
     config = read_tf_config()
     found = len(config["cluster"]["worker"]) + len(config["cluster"].get("chief", []))
@@ -122,6 +136,9 @@ class Tpu(Topology):
   @property
   def num_replicas(self) -> int:
     return self.num_cores
+
+  def describe_devices(self) -> str:
+    return f"{self.num_cores} TPU cores"
 
   def make_strategy(self):
     try:

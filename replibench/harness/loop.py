@@ -20,7 +20,7 @@ from absl import logging
 from replibench.compiler.experiment import Experiment
 from replibench.engine import Replicator
 from replibench.harness import progress, provenance
-from replibench.harness.files import read_json, write_json_atomic
+from replibench.atomic import read_json, write_json
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries, operative_config_markdown
 
 FINAL_STATUSES = ("reached", "diverged")
@@ -78,7 +78,7 @@ class _Run:
   def save(self) -> None:
     self.manager.save(checkpoint_number=int(self.step.numpy()))
     if self.chief:
-      write_json_atomic(os.path.join(self.workdir, "progress.json"), self.state)
+      write_json(os.path.join(self.workdir, "progress.json"), self.state)
     else:
       shutil.rmtree(self._checkpoint_dir(), ignore_errors=True)
 
@@ -222,7 +222,7 @@ def run_experiment(experiment: Experiment, workdir: str, max_steps: int | None =
     result = run.run()
   except Exception as e:
     if run.chief:
-      write_json_atomic(result_path, {"status": "failed", "error": f"{type(e).__name__}: {e}",
+      write_json(result_path, {"status": "failed", "error": f"{type(e).__name__}: {e}",
                                       "workload": experiment.workload.name,
                                       "final_step": int(run.step.numpy()),
                                       "budget": {"total_steps": experiment.total_steps},
@@ -231,5 +231,5 @@ def run_experiment(experiment: Experiment, workdir: str, max_steps: int | None =
   finally:
     run.close()
   if run.chief:
-    write_json_atomic(result_path, result)
+    write_json(result_path, result)
   return result

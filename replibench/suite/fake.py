@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any, Callable
 
-from replibench.suite import files
+from replibench import atomic
 from replibench.suite.results import RESULT_FILE
 from replibench.suite.sweep_file import Trial
 
@@ -50,7 +50,7 @@ def fake_result(*, seed: int = 1, num_replicas: int = 1, num_workers: int = 1,
 
 def write_result(trial_dir: str, result: dict[str, Any]) -> None:
   os.makedirs(trial_dir, exist_ok=True)
-  files.write_json(os.path.join(trial_dir, RESULT_FILE), result)
+  atomic.write_json(os.path.join(trial_dir, RESULT_FILE), result)
 
 
 def trial_scale(trial: Trial) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.summary.writer import record_writer
 
-from replibench.suite import files
+from replibench import atomic
 
 # A stable name, so rewriting the config replaces it instead of adding a second
 # experiment summary. TensorBoard reads any file with 'tfevents' in its name.
@@ -71,5 +71,5 @@ def write_experiment_config(sweep_dir: str, results: Iterable[dict[str, Any]]) -
       writer.write(event.SerializeToString())
 
   path = os.path.join(sweep_dir, CONFIG_FILE)
-  files.write_atomic(path, write)
+  atomic.write_atomic(path, write)
   return path

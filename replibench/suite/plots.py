@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from replibench.suite import aggregate  # noqa: E402
-from replibench.suite import files  # noqa: E402
+from replibench import atomic  # noqa: E402
 from replibench.suite.aggregate import ConfigRow  # noqa: E402
 
 DPI = 110
@@ -61,7 +61,7 @@ def _save(fig, out_dir: str, name: str) -> str:
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
   plt.close(fig)
-  files.write_atomic(os.path.join(out_dir, name), lambda f: f.write(buf.getvalue()))
+  atomic.write_atomic(os.path.join(out_dir, name), lambda f: f.write(buf.getvalue()))
   return name
 
 

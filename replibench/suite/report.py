@@ -14,7 +14,7 @@ from typing import Any
 
 from replibench.errors import UserError
 from replibench.suite import aggregate
-from replibench.suite import files
+from replibench import atomic
 from replibench.suite import results
 from replibench.suite.aggregate import ConfigRow, Stats
 
@@ -216,7 +216,7 @@ def write_report(report: Report, out_dir: str) -> dict[str, str]:
   os.makedirs(out_dir, exist_ok=True)
   images = plots.write_plots(report, out_dir)
   paths = {"json": os.path.join(out_dir, REPORT_JSON), "markdown": os.path.join(out_dir, REPORT_MD)}
-  files.write_json(paths["json"], report.to_dict())
-  files.write_text(paths["markdown"], format_markdown(report, images))
+  atomic.write_json(paths["json"], report.to_dict())
+  atomic.write_text(paths["markdown"], format_markdown(report, images))
   paths.update({title: os.path.join(out_dir, f) for title, f in images.items()})
   return paths

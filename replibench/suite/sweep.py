@@ -21,7 +21,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from replibench.errors import UserError
-from replibench.suite import files
+from replibench import atomic
 from replibench.suite import hparams_config
 from replibench.suite import results
 from replibench.suite import sweep_file
@@ -114,7 +114,7 @@ def _progress(i: int, n: int, trial: Trial, status: str, result: dict | None, no
 
 def _run_trial(trial: Trial, trial_dir: str, runner: Runner) -> tuple[int | None, dict | None]:
   os.makedirs(trial_dir, exist_ok=True)
-  files.write_json(os.path.join(trial_dir, TRIAL_FILE), trial.to_dict())
+  atomic.write_json(os.path.join(trial_dir, TRIAL_FILE), trial.to_dict())
   exit_code = runner(trial, trial_dir)
   return exit_code, results.read_result(trial_dir)
 
@@ -122,7 +122,7 @@ def _run_trial(trial: Trial, trial_dir: str, runner: Runner) -> tuple[int | None
 def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial]) -> None:
   with open(sweep.path) as f:
     text = f.read()
-  files.write_json(os.path.join(workdir, MANIFEST_FILE), {
+  atomic.write_json(os.path.join(workdir, MANIFEST_FILE), {
       "sweep_file": os.path.abspath(sweep.path), "sweep_text": text,
       "trials": [t.to_dict() for t in trials]})
 

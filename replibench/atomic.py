@@ -1,4 +1,4 @@
-"""Atomic file writes, so a reader never sees half a report or manifest."""
+"""Atomic file writes, so a reader never sees half a result, report or manifest."""
 
 import json
 import os
@@ -28,4 +28,17 @@ def write_text(path: str, text: str) -> None:
 
 
 def write_json(path: str, data: Any) -> None:
-  write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+  write_text(path, json.dumps(data, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def read_json(path: str, default: Any = None) -> Any:
+  if not os.path.exists(path):
+    return default
+  with open(path) as f:
+    return json.load(f)
+
+
+def _jsonable(value):
+  if hasattr(value, "tolist"):   # numpy scalars and arrays
+    return value.tolist()
+  raise TypeError(f"{type(value).__name__} is not JSON serialisable")
