@@ -282,6 +282,11 @@ def categorical_td_loss(logits, next_logits, rewards, discounts, support):
   return tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=logits)
 
 
+def _as_tensors(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+  """Keras rejects calls mixing numpy arrays and tensors, so convert up front."""
+  return {k: tf.convert_to_tensor(v) for k, v in batch.items()}
+
+
 def critic_loss(networks: D4PGNetworks, batch: Mapping[str, tf.Tensor]):
   """Per-example distributional critic loss [B].
 
@@ -290,6 +295,7 @@ def critic_loss(networks: D4PGNetworks, batch: Mapping[str, tf.Tensor]):
   'next_observation' [B, *obs_shape]. Gradients reach the torso and critic only;
   target networks are evaluated under stop-gradient.
   """
+  batch = _as_tensors(batch)
   emb = networks.embed(batch["observation"])
   logits = networks.critic([emb, tf.cast(batch["action"], tf.float32)])
   next_emb = tf.stop_gradient(networks.embed(batch["next_observation"], target=True))
@@ -305,6 +311,6 @@ def policy_loss(networks: D4PGNetworks, batch: Mapping[str, tf.Tensor]):
   The torso output is stop-gradient (trained by the critic only). Differentiate
   with respect to `networks.policy_variables`: the critic is only a function here.
   """
-  emb = tf.stop_gradient(networks.embed(batch["observation"]))
+  emb = tf.stop_gradient(networks.embed(tf.convert_to_tensor(batch["observation"])))
   logits = networks.critic([emb, networks.policy(emb)])
   return -categorical_mean(logits, networks.support)
