@@ -13,8 +13,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every workload config must appear here: its tiny override for the tests.
 TINY = {
     "configs/resnet/fashion_mnist.gin": [
-        "Experiment.train_epochs = 0.02", "Experiment.eval_every_epochs = 0.01",
+        "FashionMNIST.num_train_examples = 2560", "FashionMNIST.num_eval_examples = 1000",
+        "Experiment.train_epochs = 0.5", "Experiment.eval_every_epochs = 0.25",
         "Experiment.log_every_steps = 1", "small_resnet.widths = (4, 8, 8)"],
+    # 4 GAN steps at batch 8 (2 per call, an evaluation after each call), 100 samples
+    # scored by a tiny classifier (trained once into the cache, a few seconds).
+    "configs/sngan/fashion_mnist.gin": [
+        "Experiment.global_batch_size = 8", "Experiment.train_epochs = 0.0004",
+        "Experiment.eval_every_epochs = 0.00025", "Experiment.steps_per_call = 2",
+        "Experiment.log_every_steps = 1", "ConditionalGAN.n_dis = 2",
+        "ConditionalGAN.eval_num_samples = 100", "ConditionalGAN.eval_batch_size = 50",
+        "ConditionalGAN.grid_samples_per_class = 2", "sngan_generator.ch = 4",
+        "sngan_discriminator.ch = 4", "FashionMNISTScorer.num_reference = 500",
+        "ClassifierConfig.conv_widths = (4,)", "ClassifierConfig.feature_dim = 8",
+        "ClassifierConfig.epochs = 1", "ClassifierConfig.batch_size = 64",
+        "ClassifierConfig.num_train_examples = 512"],
 }
 
 
@@ -26,7 +39,9 @@ def workload_configs() -> list[str]:
 
 
 def runs_on_cpu(config: str) -> bool:
-  return "@topology.Tpu()" not in open(os.path.join(REPO, config)).read()
+  """False for configs whose topology (included or not) needs a TPU."""
+  from replibench.compiler import compile_experiment  # pylint: disable=import-outside-toplevel
+  return compile_experiment([os.path.join(REPO, config)], []).topology.kind != "tpu"
 
 
 def cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:

@@ -2,7 +2,9 @@
 
 import os
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from replibench.compiler import compile_experiment
 from replibench.errors import UserError
@@ -28,6 +30,25 @@ def test_resume_continues_step_count_elapsed_time_and_curve(tmp_path):
   assert second["curve"][: len(first["curve"])] == first["curve"]
   third = _run(tmp_path)                                # complete: nothing more to do
   assert third == second
+
+
+def _checkpoint(workdir) -> dict:
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.startswith(("model/", "optimizer/"))}
+
+
+def test_resume_is_exact_for_weights_optimizer_state_and_data(tmp_path):
+  """3 steps + 3 resumed steps == 6 steps: same data, same augmentation, same slots."""
+  _run(tmp_path / "straight", max_steps=4)
+  _run(tmp_path / "resumed", max_steps=2)
+  _run(tmp_path / "resumed", max_steps=4)
+  straight, resumed = _checkpoint(tmp_path / "straight"), _checkpoint(tmp_path / "resumed")
+  assert straight.keys() == resumed.keys()
+  # Keras 3 checkpoints the optimizer's iteration count and momentum slots by index.
+  assert sum(k.startswith("optimizer/_variables/") for k in straight) > 2
+  for name, value in straight.items():
+    np.testing.assert_allclose(resumed[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):

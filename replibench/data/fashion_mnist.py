@@ -173,15 +173,19 @@ def augment_batch(images: tf.Tensor, seed: tf.Tensor, crop_padding: int = 2,
 
 def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int = 0,
             num_input_pipelines: int = 1, training: bool, seed: int, augment: bool = True,
-            shuffle: bool = True, crop_padding: int = 2, flip: bool = True,
-            data_dir: str | None = None) -> tf.data.Dataset:
+            shuffle: bool = True, crop_padding: int = 0, flip: bool = True,
+            data_dir: str | None = None, num_examples: int | None = None,
+            skip_batches: int = 0) -> tf.data.Dataset:
   """One input pipeline's batches: (images float32 [b,28,28,1], labels int32 [b]).
 
   training=True: an endless stream; per epoch a permutation of the split seeded by
   (seed, epoch) when shuffle, the global batch (num_input_pipelines *
   per_replica_batch_size) split at example level between pipelines (pipeline i
   takes positions i, i+N, ...), partial global batches dropped, then (augment)
-  random crop with `crop_padding` zero padding and random flip.
+  a random horizontal flip (flip) and, if crop_padding > 0, a random crop of the
+  image zero-padded by crop_padding. The default (flip only) is the tuned recipe's:
+  in a ~10-epoch schedule the small ResNet underfits, and crops cost accuracy per
+  epoch (benchmarks/tune_fmnist_recipe.py).
   training=False: every example of the split once, in order, pipeline i taking
   examples i, i+N, ...; the last batch may be smaller; never shuffled or augmented.
   """
@@ -193,6 +197,8 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   if per_replica_batch_size < 1:
     raise UserError(f"per_replica_batch_size={per_replica_batch_size}: must be >= 1.")
   images_np, labels_np = load(split, data_dir)
+  if num_examples is not None:   # A prefix of the split, for quick tries and tests.
+    images_np, labels_np = images_np[:num_examples], labels_np[:num_examples]
   n = len(labels_np)
   images = tf.constant(images_np)
   labels = tf.constant(labels_np.astype(np.int32))
@@ -221,6 +227,10 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   ds = tf.data.Dataset.counter().map(epoch_order).unbatch()
   ds = ds.batch(global_batch, drop_remainder=True)
   ds = tf.data.Dataset.zip(ds, tf.data.Dataset.counter())
+  # A resumed run skips the batches it already trained on. Only indices are
+  # skipped here (before gathering and augmenting), and the counter keeps each
+  # batch's augmentation seed, so resuming is exact.
+  ds = ds.skip(skip_batches)
 
   def make_batch(idx, step):
     idx = idx[pipe::n_pipes]

@@ -22,27 +22,45 @@ class FashionMNIST:
   data_dir: str | None = None
   augment: bool = True
   shuffle: bool = True
+  # 'standardized' (train mean 0, std 1: classifiers) or 'tanh' ([-1, 1]: the
+  # range of a tanh generator, for GAN discriminators).
+  pixels: str = "standardized"
+  num_train_examples: int | None = None   # A prefix of each split (quick tries, tests);
+  num_eval_examples: int | None = None    # None = all 60,000 / 10,000.
   num_classes = 10
   image_shape = (28, 28, 1)
 
+  def __post_init__(self):
+    if self.pixels not in ("standardized", "tanh"):
+      raise UserError(f"FashionMNIST.pixels = {self.pixels!r}: must be 'standardized' or "
+                      f"'tanh'.")
+
+  def _rescale(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+    if self.pixels == "standardized":
+      return ds
+    # Undo the standardisation: x * STD + MEAN is in [0, 1]; clip the rounding.
+    scale, shift = 2.0 * fashion_mnist.STD, 2.0 * fashion_mnist.MEAN - 1.0
+    return ds.map(lambda x, y: (tf.clip_by_value(x * scale + shift, -1.0, 1.0), y))
+
   def train_examples(self) -> int:
-    return len(fashion_mnist.load("train", self.data_dir)[1])
+    return len(fashion_mnist.load("train", self.data_dir)[1][:self.num_train_examples])
 
   def train(self, ctx, seed: int) -> tf.data.Dataset:
     """Endless (images [b,28,28,1] float32, labels [b] int32) at ctx's batch size."""
     batches_done = ctx.start_step * ctx.num_replicas // ctx.num_input_pipelines
-    return fashion_mnist.dataset(
+    ds = fashion_mnist.dataset(
         "train", per_replica_batch_size=ctx.per_replica_batch_size,
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
         training=True, seed=seed, augment=self.augment, shuffle=self.shuffle,
-        data_dir=self.data_dir).skip(batches_done)
+        data_dir=self.data_dir, num_examples=self.num_train_examples, skip_batches=batches_done)
+    return self._rescale(ds)
 
   def eval(self, ctx) -> tf.data.Dataset:
     """The whole test split once, sharded over pipelines."""
-    return fashion_mnist.dataset(
+    return self._rescale(fashion_mnist.dataset(
         "test", per_replica_batch_size=ctx.per_replica_batch_size,
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
-        training=False, seed=0, data_dir=self.data_dir)
+        training=False, seed=0, data_dir=self.data_dir, num_examples=self.num_eval_examples))
 
 
 @gin.configurable
