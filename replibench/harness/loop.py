@@ -19,6 +19,7 @@ from absl import logging
 
 from replibench.compiler.experiment import Experiment
 from replibench.engine import Replicator
+from replibench.errors import UserError
 from replibench.harness import progress, provenance
 from replibench.atomic import read_json, write_json
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries, operative_config_markdown
@@ -68,7 +69,12 @@ class _Run:
     latest = tf.train.latest_checkpoint(os.path.join(self.workdir, "checkpoints"))
     state = read_json(os.path.join(self.workdir, "progress.json"), {"curve": []})
     if latest:
-      self.checkpoint.restore(latest).assert_existing_objects_matched()
+      try:
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+      except (AssertionError, ValueError, tf.errors.OpError) as e:
+        raise UserError(
+            f"{self.workdir} holds a checkpoint ({latest}) that does not match this config "
+            f"(was the model or optimizer changed?); use a new --workdir. ({e})") from None
       step = int(self.step.numpy())
       state["curve"] = [p for p in state["curve"] if p[0] <= step]
       logging.info("Resuming %s at step %d (%.1f s of timed run so far).",
@@ -111,6 +117,10 @@ class _Run:
       if step % exp.eval_every_steps == 0 or step >= self.limit:
         value = self._evaluate(step, elapsed)
         meter.evaluated(step, value)
+        if not math.isfinite(value):
+          status = "diverged"
+          logging.error("Diverged at step %d: %s is %s.", step, self.workload.target_metric, value)
+          break
         if self._meets_target(value):
           status, reached_at = "reached", step
           self.state["at_target"] = self.state["last_eval"]
@@ -145,8 +155,6 @@ class _Run:
     self.mllog.event(MLC.EVAL_ACCURACY, value, epoch_num=round(epoch, 3))
     logging.info("eval at step %d (epoch %.2f, %.1f s): %s = %.4f (target %s)", step, epoch,
                  now, self.workload.target_metric, value, self.experiment.target)
-    if not math.isfinite(value):
-      raise FloatingPointError(f"Evaluation gave {value} at step {step}.")
     return value
 
   def _finish(self, status: str, reached_at: int | None, meter) -> dict:
@@ -188,7 +196,6 @@ class _Run:
     return {"topology": exp.topology.describe(), "scaling_kind": exp.topology.kind,
             "num_replicas": self.replicator.num_replicas,
             "global_batch_size": exp.global_batch_size, "seed": exp.seed,
-            "learning_rate": self.workload.learning_rate(self.spec.total_steps // 2),
             **self.workload.hparams()}
 
   def _report_hparams(self, result: dict) -> None:

@@ -147,13 +147,9 @@ class Comparison:
       p = "-" if d.p_value is None else f"{d.p_value:.3f}"
       verdict = d.verdict.upper() if d.verdict == REGRESSION else d.verdict
       cells.append((r.config, r.metric, r.baseline, r.new, change, p, verdict, d.note))
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     lines = [f"{self.workload}: new vs baseline"]
     lines += [f"warning: {w}" for w in self.warnings]
-    for i, c in enumerate(cells):
-      lines.append("  ".join(x.ljust(w) for x, w in zip(c, widths)).rstrip())
-      if i == 0:
-        lines.append("  ".join("-" * w for w in widths))
+    lines += report_lib.text_table(cells)
     lines += [f"only in the baseline (not run): {c}" for c in self.missing_in_new]
     lines += [f"only in the new run (no baseline): {c}" for c in self.missing_in_baseline]
     lines.append(f"{self.count(REGRESSION)} regression(s), {self.count(IMPROVEMENT)} "

@@ -178,15 +178,21 @@ def _notes(report: Report) -> list[str]:
 
 def format_table(report: Report) -> str:
   """The report as a fixed-width text table with notes, for the terminal."""
-  rows = [TABLE_HEADER, *table_rows(report)]
-  widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEADER))]
   lines = [f"{report.workload}: {report.target_metric} target {report.target}"]
   lines += [f"warning: {w}" for w in report.warnings]
+  lines += text_table([TABLE_HEADER, *table_rows(report)])
+  return "\n".join(lines + [""] + _notes(report))
+
+
+def text_table(rows: list) -> list[str]:
+  """Rows of string cells as left-aligned columns, the first row underlined."""
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  lines = []
   for i, r in enumerate(rows):
     lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
     if i == 0:
       lines.append("  ".join("-" * w for w in widths))
-  return "\n".join(lines + [""] + _notes(report))
+  return lines
 
 
 def format_markdown(report: Report, images: dict[str, str]) -> str:

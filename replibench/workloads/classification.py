@@ -36,7 +36,7 @@ class ImageClassification(Workload):
     self.momentum, self.nesterov = momentum, nesterov
     self.label_smoothing, self.weight_decay = label_smoothing, weight_decay
     self.eval_batch_size = eval_batch_size
-    self.model = self.optimizer = self.spec = self.schedule = None
+    self.model = self.optimizer = self.spec = self.schedule = self._eval_fn = None
 
   def examples_per_epoch(self) -> int:
     return self.data.train_examples()
@@ -85,7 +85,7 @@ class ImageClassification(Workload):
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
   def evaluate(self, replicator: engine.Replicator) -> dict:
-    if not hasattr(self, "_eval_fn"):
+    if self._eval_fn is None:
       data = replicator.distribute(self.data.eval, self.eval_batch_size)
 
       @tf.function
@@ -108,7 +108,8 @@ class ImageClassification(Workload):
     return float(self.schedule(step)) if self.schedule is not None else float("nan")
 
   def hparams(self) -> dict:
-    return {"base_lr_per_256": self.base_lr_per_256, "warmup_epochs": self.warmup_epochs,
+    return {"learning_rate": self.base_lr_per_256 * self.spec.global_batch_size / 256,
+            "base_lr_per_256": self.base_lr_per_256, "warmup_epochs": self.warmup_epochs,
             "label_smoothing": self.label_smoothing, "weight_decay": self.weight_decay}
 
   def describe(self, spec: TrainSpec) -> dict:
