@@ -16,18 +16,38 @@ TINY = {
         "FashionMNIST.num_train_examples = 2560", "FashionMNIST.num_eval_examples = 1000",
         "Experiment.train_epochs = 0.5", "Experiment.eval_every_epochs = 0.25",
         "Experiment.log_every_steps = 1", "small_resnet.widths = (4, 8, 8)"],
-    # 4 GAN steps at batch 8 (2 per call, an evaluation after each call), 100 samples
-    # scored by a tiny classifier (trained once into the cache, a few seconds).
+    # 4 GAN steps at batch 8 (2 per call, an evaluation after each call), one-block
+    # G and D, 100 samples scored by a tiny classifier (trained once into the cache).
     "configs/sngan/fashion_mnist.gin": [
         "Experiment.global_batch_size = 8", "Experiment.train_epochs = 0.0004",
+        "Experiment.target = 0.0",   # FID never reaches 0: every eval runs
         "Experiment.eval_every_epochs = 0.00025", "Experiment.steps_per_call = 2",
-        "Experiment.log_every_steps = 1", "ConditionalGAN.n_dis = 2",
+        "Experiment.log_every_steps = 1", "ConditionalGAN.n_dis = 1",
         "ConditionalGAN.eval_num_samples = 100", "ConditionalGAN.eval_batch_size = 50",
         "ConditionalGAN.grid_samples_per_class = 2", "sngan_generator.ch = 4",
-        "sngan_discriminator.ch = 4", "FashionMNISTScorer.num_reference = 500",
+        "sngan_generator.widths = (1, 1)", "sngan_generator.bottom_width = 14",
+        "sngan_discriminator.ch = 4", "sngan_discriminator.widths = (1,)",
+        "sngan_discriminator.downsample = (True,)",
+        "FashionMNISTScorer.num_reference = 500",
         "ClassifierConfig.conv_widths = (4,)", "ClassifierConfig.feature_dim = 8",
         "ClassifierConfig.epochs = 1", "ClassifierConfig.batch_size = 64",
         "ClassifierConfig.num_train_examples = 512"],
+    # D4PG: real actor processes (2; 1 + the evaluator process for pixels), episodes
+    # of a few steps, 8 learner steps of batch 16 (epoch = 4 steps), an evaluation
+    # of one episode after each epoch.
+    **{f"configs/d4pg/{name}.gin": [
+        "Experiment.global_batch_size = 16", "D4PG.epoch_size = 64",
+        "Experiment.train_epochs = 2", "Experiment.eval_every_epochs = 1",
+        "Experiment.steps_per_call = 2", "Experiment.log_every_steps = 2",
+        "UniformReplay.min_size = 16", "D4PG.eval_episodes = 1",
+        "D4PGNetworks.policy_sizes = (8,)", "D4PGNetworks.critic_sizes = (8,)",
+        *extra] for name, extra in [
+            ("cartpole_swingup", ["EnvConfig.time_limit = 0.1"]),
+            ("walker_walk", ["EnvConfig.time_limit = 0.1"]),
+            ("cartpole_swingup_pixels", ["EnvConfig.time_limit = 0.16",
+                                         "EnvConfig.image_size = 16",
+                                         "D4PGNetworks.embed_dim = 4",
+                                         "D4PG.num_actors = 1"])]},
 }
 
 

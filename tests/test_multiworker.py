@@ -7,7 +7,11 @@ from tests import helpers
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 # No augmentation: its random draws depend on how the batch is split into pipelines.
-BINDINGS = [*helpers.TINY[CONFIG], "FashionMNIST.augment = False"]
+# A small learning rate: the two topologies sum gradients in different orders
+# (ring all-reduce across processes vs. one device), and a tiny BN net at a large
+# rate amplifies that float32 rounding within a few steps.
+BINDINGS = [*helpers.TINY[CONFIG], "FashionMNIST.augment = False",
+            "ImageClassification.base_lr_per_256 = 0.01"]
 
 
 def _variables(workdir) -> dict:

@@ -5,3 +5,5 @@ import models.resnet  # noqa: F401
 import replibench.data.sources  # noqa: F401
 import replibench.engine  # noqa: F401  (topology.*, engine.cross_replica_batch_norm)
 import replibench.workloads.classification  # noqa: F401
+import replibench.workloads.d4pg  # noqa: F401
+import replibench.workloads.gan  # noqa: F401  (ConditionalGAN, scorers, Imagenet2012Gan; models.sngan)

@@ -12,6 +12,7 @@ import gin
 import tensorflow as tf
 
 from replibench.data import fashion_mnist, tfds_images
+from replibench.errors import UserError
 
 
 @gin.configurable

@@ -1,0 +1,449 @@
+"""D4PG (Barth-Maron et al. 2018) on the DeepMind Control Suite as a replicated workload.
+
+The paper's third TF-Replicator experiment: a distributed distributional
+actor-critic. Here, per learner process (one per worker):
+
+  actors (ActorPool, 'spawn' processes, numpy policy, no TensorFlow)
+    --pipes--> ReplayFeeder: inbox -> replay (admitted only while the learner
+    can use the data) -> per-replica batches (tf.data.Dataset.from_generator)
+    --> step_fn on every replica: distributional critic + policy updates
+    --> after_train_call: target networks and actor weights refreshed on the host.
+
+Rate limiting works both ways, like Reverb's SampleToInsertRatio: the learner
+samples only while samples <= samples_per_insert * (inserts - min_size) +
+tolerance (the replay's RateLimiter), and transitions are admitted to replay only
+while the learner has less than two steps' worth of sampling credit left. Beyond
+that the feeder stops reading the actors' pipes, so actors block on their
+outboxes and leave the cores to the learner.
+
+With a MultiWorker topology each worker runs its own actors and replay (like
+the distributed D4PG learners); gradients are all-reduced by the engine and
+evaluation results are averaged over workers, so every worker decides the same.
+
+Evaluation runs the noise-free policy for eval_episodes episodes. State tasks are
+evaluated in the learner process (synchronous, exact policy at that step, no
+core spent between evaluations); pixel tasks need EGL, which cannot share a
+process with TensorFlow, so the pool's evaluator process plays them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from typing import Callable
+
+from absl import logging
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.profiler import model_analyzer, option_builder  # pylint: disable=g-direct-tensorflow-import
+
+from models import d4pg
+from replibench import engine
+from replibench.errors import UserError
+from replibench.rl import actors as actors_lib
+from replibench.rl import envs
+from replibench.rl import numpy_policy
+from replibench.rl import replay as replay_lib
+from replibench.workloads.base import TrainSpec, Workload
+
+_HEALTH_EVERY_S = 10.0   # Read the actors at least this often, even while replay is full.
+_POLL_S = 0.05           # Longest single wait for actor data while holding the lock.
+
+
+class ReplayFeeder:
+  """Actor transitions -> replay -> sampled batches, thread-safe and never unbounded.
+
+  pool: a started ActorPool. step_batch: items sampled per learner step by this
+  feeder (global batch / workers), the unit of the insert-side gate.
+  timeout_s: longest wait for one batch before a clear error.
+  """
+
+  def __init__(self, pool: actors_lib.ActorPool, replay, step_batch: int, timeout_s: float):
+    self.pool, self.replay = pool, replay
+    self.step_batch, self.timeout_s = step_batch, timeout_s
+    self.lock = threading.RLock()
+    self.closed = False
+    self._inbox: list[dict] = []   # Drained but not yet admitted transitions (batches).
+    self._last_drain = 0.0
+
+  def add_batch(self, batch: dict) -> None:
+    """ActorPool.drain's sink: keep transitions in the inbox until replay admits them."""
+    self._inbox.append(batch)
+
+  def wants_data(self) -> bool:
+    """True while replay should take inserts: below min_size, or the learner's sampling
+    credit is under two steps' worth."""
+    limiter = self.replay.limiter
+    if limiter.samples_per_insert is None or limiter.inserts < limiter.min_size:
+      return True
+    credit = (limiter.samples_per_insert * (limiter.inserts - limiter.min_size)
+              + limiter.tolerance - limiter.samples)
+    return credit < 2 * self.step_batch
+
+  def pump(self, wait_s: float = 0.0) -> None:
+    """Admits inbox data while wanted; reads the actors when the inbox is empty (waiting
+    up to wait_s for data) or when they have not been read for _HEALTH_EVERY_S."""
+    with self.lock:
+      if self.closed:
+        return
+      self._admit()
+      overdue = time.monotonic() - self._last_drain > _HEALTH_EVERY_S
+      if (self.wants_data() and not self._inbox) or overdue:
+        self._last_drain = time.monotonic()
+        self.pool.drain(self, timeout=wait_s if self.wants_data() else 0.0)
+        self._admit()
+
+  def _admit(self) -> None:
+    while self._inbox and self.wants_data():
+      self.replay.add_batch(self._inbox.pop(0))
+
+  def sample(self, batch_size: int) -> dict | None:
+    """One batch of batch_size transitions (+ 'key', 'weight'), waiting for actors up to
+    timeout_s; None once closed. TimeoutError says what the replay was waiting for."""
+    deadline = time.monotonic() + self.timeout_s
+    while not self.closed:
+      with self.lock:
+        self.pump()
+        sample = self.replay.try_sample(batch_size)
+        if sample is None:
+          self.pump(wait_s=_POLL_S)
+          sample = self.replay.try_sample(batch_size)
+      if sample is not None:
+        return {**sample.data, "key": sample.keys, "weight": sample.weights}
+      if time.monotonic() > deadline:
+        raise TimeoutError(self._starved_message(batch_size))
+    return None
+
+  def _starved_message(self, batch_size: int) -> str:
+    limiter, stats = self.replay.limiter, self.pool.stats()
+    return (f"D4PG: no batch of {batch_size} could be sampled from replay for "
+            f"{self.timeout_s:.0f} s (D4PG.sample_timeout_s). Replay holds {len(self.replay)} "
+            f"items (min_size {limiter.min_size}) after {limiter.inserts} inserts and "
+            f"{limiter.samples} samples (samples_per_insert {limiter.samples_per_insert}, "
+            f"tolerance {limiter.tolerance}); actors made {stats['env_steps']} env steps, "
+            f"now {stats['env_steps_per_s']:.0f}/s, with {stats['restarts']} restart(s). "
+            f"Actors too slow or stuck: check their logs, or lower min_size.")
+
+  def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+    with self.lock:
+      self.replay.update_priorities(keys, priorities)
+
+  def stats(self) -> dict:
+    with self.lock:
+      return self.pool.stats()
+
+
+def _graph_flops(fn, *specs) -> int:
+  """Float ops of one call of fn on tensors of the given specs (multiply-add = 2)."""
+  graph = tf.function(fn).get_concrete_function(*specs).graph
+  options = option_builder.ProfileOptionBuilder(
+      option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
+  return int(model_analyzer.profile(graph, options=options).total_float_ops)
+
+
+def _worker_position() -> tuple[int, int]:
+  """(this worker's index, number of workers) under the current strategy; (0, 1) locally."""
+  resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
+  if resolver is None or not resolver.task_type:
+    return 0, 1
+  cluster = resolver.cluster_spec().as_dict()
+  count = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+  return int(resolver.task_id or 0), max(1, count)
+
+
+@gin.configurable
+class D4PG(Workload):
+  """Distributional actor-critic with K local actors; target metric eval/return.
+
+  eval/return is the average undiscounted return of eval_episodes noise-free
+  episodes (higher is better; 1000 is the maximum on these tasks).
+
+  env: the task. networks: D4PGNetworks factory (sizes, support and
+  D4PGHyperparams come from gin; hparams.batch_size is superseded by
+  Experiment.global_batch_size). replay: factory taking seed=, e.g.
+  @UniformReplay or @PrioritizedReplay (priorities are the per-example critic
+  losses). epoch_size: sampled transitions per epoch, i.e. learner steps per
+  epoch times the global batch. publish_every_steps: learner steps between
+  policy-weight publications to the actors. separate_evaluator: evaluate in the
+  pool's evaluator process (None: only where pixels require it).
+  """
+
+  target_metric = "eval/return"
+  higher_is_better = True
+
+  def __init__(self, env: envs.EnvConfig | None = None, name: str = "d4pg",
+               networks: Callable[..., d4pg.D4PGNetworks] = d4pg.D4PGNetworks,
+               replay: Callable | None = None, num_actors: int = 2,
+               epoch_size: int = 256_000, publish_every_steps: int = 10,
+               eval_episodes: int = 5, separate_evaluator: bool | None = None,
+               max_restarts: int = 3, sample_timeout_s: float = 300.0,
+               max_messages: int = 4):
+    self.name = name
+    self.env_config = env or envs.EnvConfig()
+    envs.check_task(self.env_config.task)
+    self.networks_fn = networks
+    self.replay_fn = replay or functools.partial(
+        replay_lib.UniformReplay, capacity=1_000_000, min_size=1000, samples_per_insert=32.0)
+    if num_actors < 1 or epoch_size < 1 or publish_every_steps < 1 or eval_episodes < 1:
+      raise UserError(
+          f"D4PG: num_actors ({num_actors}), epoch_size ({epoch_size}), publish_every_steps "
+          f"({publish_every_steps}) and eval_episodes ({eval_episodes}) must be positive.")
+    self.separate_evaluator = (self.env_config.pixels if separate_evaluator is None
+                               else separate_evaluator)
+    if self.env_config.pixels and not self.separate_evaluator:
+      raise UserError("D4PG.separate_evaluator = False with EnvConfig.pixels = True: pixel "
+                      "episodes render with EGL, which cannot run in the TensorFlow learner "
+                      "process. Leave separate_evaluator unset (None) or True.")
+    self.num_actors, self.epoch_size = num_actors, epoch_size
+    self.publish_every_steps, self.eval_episodes = publish_every_steps, eval_episodes
+    self.max_restarts, self.sample_timeout_s = max_restarts, sample_timeout_s
+    self.max_messages = max_messages
+    self.networks = self.spec = self.pool = self.replay = self.feeder = None
+    self._last_step = None
+    self._mark = (None, 0, 0)   # (time, learner step, env steps) at the last host_metrics.
+    self._eval_envs = []
+    self._eval_seed = 0
+
+  # -- construction ------------------------------------------------------------
+
+  def examples_per_epoch(self) -> int:
+    return self.epoch_size
+
+  def _make_networks(self) -> d4pg.D4PGNetworks:
+    env = envs.make_env(self.env_config, seed=0)   # Specs only: nothing renders.
+    obs, action = env.observation_spec(), env.action_spec()
+    env.close()
+    return self.networks_fn(obs.shape, action.minimum, action.maximum,
+                            pixels=self.env_config.pixels)
+
+  def build_learner(self, spec: TrainSpec) -> None:
+    """Networks and optimizers only (call under the replicator's scope); build() adds
+    the actors. Tests drive step_fn on fixed data after this."""
+    self.spec = spec
+    keras.utils.set_random_seed(spec.seed)
+    self.networks = self._make_networks()
+    hp = self.networks.hparams
+    # global_clipnorm acts on the full gradient: the engine reduces before applying.
+    self.critic_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
+    self.policy_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
+    self.critic_optimizer.build(self.networks.critic_variables)
+    self.policy_optimizer.build(self.networks.policy_variables)
+
+  def build(self, spec: TrainSpec) -> None:
+    self.build_learner(spec)
+    worker, workers = _worker_position()
+    seed = int(np.random.SeedSequence([spec.seed, worker]).generate_state(1)[0] % (2**31 - 1))
+    self._eval_seed = seed
+    self.replay = self.replay_fn(seed=seed)
+    config = actors_lib.ActorConfig.from_networks(self.networks, self.env_config)
+    self.pool = actors_lib.ActorPool(
+        config, num_actors=self.num_actors, seed=seed, evaluator=self.separate_evaluator,
+        max_restarts=self.max_restarts, max_messages=self.max_messages)
+    self.pool.start(self.networks.actor_weights())
+    self.feeder = ReplayFeeder(self.pool, self.replay, spec.global_batch_size // workers,
+                               self.sample_timeout_s)
+    logging.info("D4PG worker %d: %d actor(s)%s on %s, replay %s.", worker, self.num_actors,
+                 " + evaluator" if self.separate_evaluator else "", self.env_config.task,
+                 type(self.replay).__name__)
+
+  # -- data --------------------------------------------------------------------
+
+  def _output_signature(self, batch_size: int) -> dict:
+    obs = tuple(self.networks.obs_shape)
+    obs_dtype = tf.uint8 if self.env_config.pixels else tf.float32
+    action_dim = len(self.networks.action_low)
+    return {"observation": tf.TensorSpec((batch_size,) + obs, obs_dtype),
+            "action": tf.TensorSpec((batch_size, action_dim), tf.float32),
+            "reward": tf.TensorSpec((batch_size,), tf.float32),
+            "discount": tf.TensorSpec((batch_size,), tf.float32),
+            "next_observation": tf.TensorSpec((batch_size,) + obs, obs_dtype),
+            "key": tf.TensorSpec((batch_size,), tf.int64),
+            "weight": tf.TensorSpec((batch_size,), tf.float32)}
+
+  def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
+    """Batches sampled from this worker's replay as the actors fill it (endless)."""
+    signature = self._output_signature(ctx.per_replica_batch_size)
+    feeder, size = self.feeder, ctx.per_replica_batch_size
+
+    def batches():
+      while (batch := feeder.sample(size)) is not None:
+        yield {k: np.asarray(batch[k], signature[k].dtype.as_numpy_dtype) for k in signature}
+
+    return tf.data.Dataset.from_generator(batches, output_signature=signature).prefetch(2)
+
+  # -- learner -----------------------------------------------------------------
+
+  def step_fn(self, batch) -> dict:
+    """Both losses from the same (pre-update) networks, as Acme does; then both updates."""
+    nets, global_batch = self.networks, self.spec.global_batch_size
+    with tf.GradientTape(persistent=True) as tape:
+      critic_per_example = d4pg.critic_loss(nets, batch)
+      critic = engine.average_loss(batch["weight"] * critic_per_example, global_batch)
+      policy = engine.average_loss(d4pg.policy_loss(nets, batch), global_batch)
+    critic_vars, policy_vars = nets.critic_variables, nets.policy_variables
+    critic_grads = tape.gradient(critic, critic_vars)
+    policy_grads = tape.gradient(policy, policy_vars)
+    del tape
+    engine.apply_gradients(self.critic_optimizer, critic_grads, critic_vars)
+    engine.apply_gradients(self.policy_optimizer, policy_grads, policy_vars)
+    if isinstance(self.replay, replay_lib.PrioritizedReplay):
+      tf.py_function(self.feeder.update_priorities, [batch["key"], critic_per_example], [])
+    critic, policy = engine.all_reduce([critic, policy], "sum")
+    return {"loss": critic, "critic_loss": critic, "policy_loss": policy}
+
+  def after_train_call(self, step: int) -> None:
+    """Target networks every target_update_period steps (on the host, where assigning a
+    mirrored variable sets every replica), actor weights every publish_every_steps."""
+    previous = self._last_step if self._last_step is not None else step - 1
+    self._last_step = step
+    crossed = lambda period: step // period > previous // period  # noqa: E731
+    if crossed(self.networks.hparams.target_update_period):
+      d4pg.copy_to_targets(self.networks)
+    if self.pool is not None and crossed(self.publish_every_steps):
+      self.pool.publish(self.networks.actor_weights())
+
+  def host_metrics(self) -> dict:
+    """Actor and learner rates over the interval since the previous call."""
+    if self.feeder is None:
+      return {}
+    stats, now = self.feeder.stats(), time.monotonic()
+    step, env_steps = self._last_step or 0, stats["env_steps"]
+    last_time, last_step, last_env_steps = self._mark
+    self._mark = (now, step, env_steps)
+    limiter = self.replay.limiter
+    metrics = {"actors/env_steps": env_steps, "actors/restarts": stats["restarts"],
+               "replay/size": len(self.replay),
+               "replay/samples_per_insert": limiter.samples / max(1, limiter.inserts)}
+    if last_time is not None and now > last_time:
+      metrics["actors/env_steps_per_s"] = (env_steps - last_env_steps) / (now - last_time)
+      metrics["learner/steps_per_s"] = (step - last_step) / (now - last_time)
+    return metrics
+
+  # -- evaluation --------------------------------------------------------------
+
+  def _episode_here(self, policy: numpy_policy.NumpyPolicy, index: int) -> float:
+    if len(self._eval_envs) <= index:
+      self._eval_envs.append(envs.make_env(self.env_config, seed=self._eval_seed + 7919 * index))
+    env = self._eval_envs[index]
+    time_step, total = env.reset(), 0.0
+    while not time_step.last():
+      time_step = env.step(policy(time_step.observation))
+      total += time_step.reward
+    return total
+
+  def _returns_here(self) -> list[float]:
+    """eval_episodes noise-free episodes in this process (state observations only)."""
+    nets = self.networks
+    policy = numpy_policy.NumpyPolicy(nets.obs_shape, nets.action_low, nets.action_high,
+                                      nets.policy_sizes, False, nets.embed_dim)
+    policy.set_weights(nets.actor_weights())
+    return [self._episode_here(policy, i) for i in range(self.eval_episodes)]
+
+  def _returns_from_evaluator(self) -> list[float]:
+    """eval_episodes episodes the evaluator process starts after the current weights."""
+    version = self.pool.publish(self.networks.actor_weights())
+    deadline = time.monotonic() + self.sample_timeout_s
+    returns = []
+    while len(returns) < self.eval_episodes:
+      if time.monotonic() > deadline:
+        raise TimeoutError(
+            f"D4PG: the evaluator finished {len(returns)} of {self.eval_episodes} episodes "
+            f"with weights version {version} in {self.sample_timeout_s:.0f} s "
+            f"(D4PG.sample_timeout_s); evaluator stats: {self.pool.stats()['evaluator']}.")
+      with self.feeder.lock:
+        self.pool.drain(self.feeder, timeout=_POLL_S)
+        returns += [e["return"] for e in self.pool.eval_results()
+                    if e["weights_version"] >= version]
+    return returns[:self.eval_episodes]
+
+  def _across_workers(self, replicator: engine.Replicator, values: list[float]) -> np.ndarray:
+    """Mean over workers (identical on every worker, so all decide alike)."""
+    values = np.asarray(values, np.float64)
+    if replicator.num_workers == 1:
+      return values
+    if not hasattr(self, "_mean_fn"):
+      self._mean_fn = tf.function(lambda x: replicator.reduce(
+          replicator.run(lambda: tf.identity(x)), "mean"))
+    return self._mean_fn(tf.constant(values)).numpy()
+
+  def evaluate(self, replicator: engine.Replicator) -> dict:
+    """eval/return (mean over episodes and workers), eval/return_min (this worker's),
+    eval/env_steps (env steps the exploring actors of all workers have made so far:
+    the experience the policy learnt from) and eval/episodes (played for this value)."""
+    returns = (self._returns_from_evaluator() if self.separate_evaluator
+               else self._returns_here())
+    env_steps = self.feeder.stats()["env_steps"] if self.feeder else 0
+    mean, steps, episodes = self._across_workers(
+        replicator, [np.mean(returns), env_steps, len(returns)])
+    workers = replicator.num_workers
+    return {"eval/return": float(mean), "eval/return_min": float(np.min(returns)),
+            "eval/env_steps": int(round(steps * workers)),
+            "eval/episodes": int(round(episodes * workers))}
+
+  # -- bookkeeping -------------------------------------------------------------
+
+  def checkpoint_items(self) -> dict:
+    nets = self.networks
+    items = {"policy": nets.policy, "critic": nets.critic, "target_policy": nets.target_policy,
+             "target_critic": nets.target_critic, "critic_optimizer": self.critic_optimizer,
+             "policy_optimizer": self.policy_optimizer}
+    if nets.torso is not None:
+      items.update(torso=nets.torso, target_torso=nets.target_torso)
+    return items
+
+  def close(self) -> None:
+    if self.feeder is not None:
+      self.feeder.closed = True   # The generator thread ends at its next loop.
+    if self.pool is not None:
+      with self.feeder.lock if self.feeder is not None else contextlib.nullcontext():
+        self.pool.stop()
+    for env in self._eval_envs:
+      env.close()
+    self._eval_envs = []
+
+  def learning_rate(self, step: int) -> float:
+    del step
+    return self.networks.hparams.learning_rate if self.networks else float("nan")
+
+  def hparams(self) -> dict:
+    nets = self.networks
+    hp = nets.hparams if nets else d4pg.D4PGHyperparams()
+    limiter = self.replay.limiter if self.replay is not None else None
+    return {"task": self.env_config.task, "pixels": self.env_config.pixels,
+            "num_actors": self.num_actors, "n_step": hp.n_step, "discount": hp.discount,
+            "sigma": hp.sigma, "target_update_period": hp.target_update_period,
+            "replay": type(self.replay).__name__,
+            "samples_per_insert": float(limiter.samples_per_insert or 0) if limiter else 0.0,
+            "policy_sizes": str(nets.policy_sizes) if nets else ""}
+
+  def describe(self, spec: TrainSpec) -> dict:
+    del spec
+    nets = self._make_networks()
+    trained = nets.critic_variables + nets.policy_variables
+    obs = tf.TensorSpec((1,) + nets.obs_shape, tf.uint8 if nets.pixels else tf.float32)
+    action = tf.TensorSpec((1, len(nets.action_low)), tf.float32)
+    scalar = tf.TensorSpec((1,), tf.float32)
+
+    def losses(o, a, r, d, o2):
+      batch = {"observation": o, "action": a, "reward": r, "discount": d,
+               "next_observation": o2}
+      return d4pg.critic_loss(nets, batch), d4pg.policy_loss(nets, batch)
+
+    def train(o, a, r, d, o2):
+      with tf.GradientTape(persistent=True) as tape:
+        critic, policy = losses(o, a, r, d, o2)
+      return (tape.gradient(critic, nets.critic_variables),
+              tape.gradient(policy, nets.policy_variables))
+
+    specs = (obs, action, scalar, scalar, obs)
+    return {
+        "parameters": int(sum(np.prod(v.shape) for v in trained)),
+        "forward_flops_per_example": _graph_flops(losses, *specs),
+        "train_flops_per_example": _graph_flops(train, *specs),   # Losses + gradients.
+        "allreduce_bytes_per_step": int(sum(4 * np.prod(v.shape) for v in trained)),
+        "learning_rate": {"peak": nets.hparams.learning_rate, "schedule": "constant (Adam)"},
+    }
