@@ -1,15 +1,37 @@
-# replibench: `make bench` runs the main benchmark, `make test` the tests.
+# replibench: `make bench` runs the scaling suite, `make test` the tests.
 # Both create .venv at the repo root and install what they need on first use.
+#
+#   make bench            every workload's CPU-scale suite (~45 min on 2 cores): sweep,
+#                         report in results/latest/<workload>/, comparison with the
+#                         committed results/<workload>/baseline.json (exit 1 on a regression)
+#   make bench-smoke      the same at tiny scale (a few minutes), against smoke_baseline.json
+#   make bench-resnet     one workload's suite (also bench-sngan, bench-d4pg)
+#   make bench-accept     make the latest suite results the committed baselines
+#   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
+#   make bench-engine     engine overhead against a hand-written tf.distribute loop
+# A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
+# `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+RB := $(VENV)/bin/replibench
 WORKDIR ?= runs
-BENCH_CONFIG ?= configs/resnet/fashion_mnist.gin
+BENCH_ID ?= $(shell date +%Y%m%d-%H%M%S)
+BENCH_SUITES := resnet sngan d4pg
+SWEEP_resnet := configs/resnet/scaling.sweep
+SWEEP_sngan := configs/sngan/batch_scaling.sweep
+SWEEP_d4pg := configs/d4pg/learner_scaling.sweep
+# Minimum effect sizes for `compare` where a suite runs one seed per configuration
+# (no statistical test then, the factor alone decides): a one-seed FID moves by
+# ~10% between seeds, a D4PG return after 3,000 learner steps by far more.
+FACTORS_sngan := --factors=final_metric=0.15,time_to_target_s=0.25,steps_to_target=0.5
+FACTORS_d4pg := --factors=final_metric=1.0,time_to_target_s=0.5,steps_to_target=0.5,examples_per_s=0.15
 
-.PHONY: all install data test bench bench-engine tensorboard clean
+.PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine \
+	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
 
@@ -32,8 +54,47 @@ test: install data
 	@$(PY) -m pytest tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# Each suite: sweep, report, compare. A failed trial or a regression fails the
+# target, but the report and the comparison are still printed, and `make bench`
+# goes on with the other suites before failing.
+define run_suite
+	@rc=0; start=$$(date +%s); \
+	$(RB) sweep --sweep=$(SWEEP_$(1)) --workdir=$(2)/$(1) $(3) || rc=1; \
+	$(RB) report $(2)/$(1) --out=$(4)/$(1) || exit 1; \
+	if [ -f results/$(1)/$(5) ]; then \
+	  $(RB) compare $(4)/$(1)/report.json --baseline=results/$(1)/$(5) $(FACTORS_$(1)) || rc=1; \
+	else echo "no committed baseline results/$(1)/$(5) yet: see make bench-accept"; fi; \
+	echo "bench $(1): $$(( $$(date +%s) - start )) s, runs in $(2)/$(1), report in $(4)/$(1)"; \
+	exit $$rc
+endef
+
 bench: install data
-	$(VENV)/bin/replibench run --gin_file=$(BENCH_CONFIG) --workdir=$(WORKDIR)/bench-resnet-$$(date +%Y%m%d-%H%M%S)
+	@rc=0; for w in $(BENCH_SUITES); do \
+	  $(MAKE) --no-print-directory bench-$$w BENCH_ID=$(BENCH_ID) || rc=1; done; exit $$rc
+
+$(addprefix bench-,$(BENCH_SUITES)): bench-%: install data
+	$(call run_suite,$*,$(WORKDIR)/bench-$(BENCH_ID),,results/latest,baseline.json)
+
+bench-smoke: install data
+	@rc=0; for w in $(BENCH_SUITES); do \
+	  $(MAKE) --no-print-directory bench-smoke-$$w BENCH_ID=$(BENCH_ID) || rc=1; done; exit $$rc
+
+$(addprefix bench-smoke-,$(BENCH_SUITES)): bench-smoke-%: install data
+	$(call run_suite,$*,$(WORKDIR)/bench-smoke-$(BENCH_ID),--seeds=1 --gin_bindings="include 'configs/$*/smoke.gin'",results/latest-smoke,smoke_baseline.json)
+
+# After an intended change in performance: the latest suite results become the
+# committed baselines (review and commit results/ afterwards).
+bench-accept:
+	@for w in $(BENCH_SUITES); do \
+	  for kind in latest:baseline latest-smoke:smoke_baseline; do \
+	    src=results/$${kind%%:*}/$$w; dst=$${kind##*:}; \
+	    if [ -f $$src/report.json ]; then mkdir -p results/$$w; \
+	      cp $$src/report.json results/$$w/$$dst.json; \
+	      if [ $$dst = baseline ]; then cp $$src/report.md $$src/*.png results/$$w/ 2>/dev/null || true; fi; \
+	      echo "results/$$w/$$dst.json <- $$src/report.json"; fi; done; done
+
+bench-resnet-full: install data
+	$(RB) run --gin_file=configs/resnet/fashion_mnist.gin --workdir=$(WORKDIR)/resnet-full-$(BENCH_ID)
 
 bench-engine: install
 	$(PY) benchmarks/engine_overhead.py

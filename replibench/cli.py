@@ -2,10 +2,10 @@
 
   replibench run    --gin_file=F [--gin_file=G] [--gin_bindings='X.y = 1'] --workdir=DIR [--max_steps=N]
   replibench plan   --gin_file=F [--json]
-  replibench launch --workers N [--cpus_per_worker K] -- run --gin_file=... --workdir=DIR
-  replibench sweep  --sweep=S [--gin_file=F] --workdir=DIR [--seeds=K]
+  replibench launch --workers N [--ps P] [--cpus_per_worker K] -- run --gin_file=... --workdir=DIR
+  replibench sweep  --sweep=S [--gin_file=F] [--gin_bindings=B] --workdir=DIR [--seeds=K]
   replibench report DIR [--out=OUT]
-  replibench compare NEW --baseline=B
+  replibench compare NEW --baseline=B [--factors=final_metric=0.5,...]
 """
 
 import json
@@ -23,12 +23,16 @@ flags.DEFINE_string("workdir", None, "Run directory: checkpoints, events, result
 flags.DEFINE_integer("max_steps", None, "Stop training after this many steps (quick tries).")
 flags.DEFINE_boolean("json", False, "plan: print JSON instead of a table.")
 flags.DEFINE_integer("workers", 2, "launch: number of worker processes.")
+flags.DEFINE_integer("ps", 0, "launch: parameter servers; > 0 adds a chief and these ps tasks "
+                     "(for Experiment.regime = @regimes.AsyncPS(), configs/topology/ps.gin).")
 flags.DEFINE_integer("cpus_per_worker", 0, "launch: pin each worker to this many cores (0: no pinning).")
 flags.DEFINE_float("timeout", None, "launch: stop all workers after this many seconds.")
 flags.DEFINE_string("sweep", None, "sweep: the sweep declaration (TOML, beside the gin files).")
 flags.DEFINE_integer("seeds", None, "sweep: run seeds 1..K instead of the sweep file's seeds.")
 flags.DEFINE_string("out", None, "report: output directory (default DIR/report).")
 flags.DEFINE_string("baseline", None, "compare: the baseline report.json (or sweep directory).")
+flags.DEFINE_list("factors", [], "compare: minimum effect sizes as metric=fraction, e.g. "
+                  "final_metric=0.5 for a noisy one-seed RL return (defaults: 0.1; final_metric 0.01).")
 
 EXIT_USER_ERROR, EXIT_DIVERGED = 2, 3
 COMMANDS = ("run", "plan", "launch", "sweep", "report", "compare")
@@ -73,7 +77,9 @@ def cmd_launch(args) -> int:
                     "`replibench launch --workers 2 -- run --gin_file=F --workdir=D`.")
   if FLAGS.workers < 1:
     raise UserError(f"--workers={FLAGS.workers}: need at least one worker.")
-  return launch(FLAGS.workers, args, FLAGS.cpus_per_worker, FLAGS.timeout)
+  if FLAGS.ps < 0:
+    raise UserError(f"--ps={FLAGS.ps}: the number of parameter servers cannot be negative.")
+  return launch(FLAGS.workers, args, FLAGS.cpus_per_worker, FLAGS.timeout, ps=FLAGS.ps)
 
 
 def cmd_sweep(args) -> int:
@@ -83,7 +89,8 @@ def cmd_sweep(args) -> int:
   if FLAGS.seeds is not None and FLAGS.seeds < 1:
     raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
-  outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds)
+  outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
+                      bindings=FLAGS.gin_bindings)
   return 1 if outcome.num_failed else 0
 
 
@@ -98,11 +105,26 @@ def cmd_report(args) -> int:
   return 0
 
 
+def _parse_factors(items: list[str]) -> dict[str, float]:
+  from replibench.suite.comparison import DEFAULT_FACTORS  # pylint: disable=import-outside-toplevel
+  factors = {}
+  for item in items:
+    metric, _, value = item.partition("=")
+    try:
+      factors[metric] = float(value)
+    except ValueError:
+      factors[metric] = -1.0
+    if metric not in DEFAULT_FACTORS or not factors[metric] > 0:
+      raise UserError(f"--factors={item}: expected metric=fraction with metric one of "
+                      f"{sorted(DEFAULT_FACTORS)} and a positive fraction (e.g. final_metric=0.5).")
+  return factors
+
+
 def cmd_compare(args) -> int:
   from replibench.suite import compare  # pylint: disable=import-outside-toplevel
   if len(args) != 1 or not FLAGS.baseline:
     raise UserError("compare: usage is `replibench compare NEW --baseline=B`.")
-  comparison = compare(args[0], FLAGS.baseline)
+  comparison = compare(args[0], FLAGS.baseline, factors=_parse_factors(FLAGS.factors))
   print(comparison)
   return comparison.exit_code
 

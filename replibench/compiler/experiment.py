@@ -6,6 +6,7 @@ import math
 import gin
 
 from replibench.engine import Topology
+from replibench.engine.regimes import Regime, Sync
 from replibench.engine.replicator import per_replica_batch_size
 from replibench.errors import UserError
 from replibench.workloads.base import TrainSpec, Workload
@@ -31,6 +32,7 @@ class Experiment:
   steps_per_call: int = 1               # Steps per tf.function call (host round trips).
   checkpoint_every_epochs: float = 1.0
   log_every_steps: int = 100
+  regime: Regime = dataclasses.field(default_factory=Sync)   # How replicas combine updates.
 
   def __post_init__(self):
     self._check_types()
@@ -48,7 +50,8 @@ class Experiment:
     expected = {"workload": Workload, "topology": Topology, "global_batch_size": int,
                 "target": (int, float), "train_epochs": (int, float), "seed": int,
                 "eval_every_epochs": (int, float), "steps_per_call": int,
-                "checkpoint_every_epochs": (int, float), "log_every_steps": int}
+                "checkpoint_every_epochs": (int, float), "log_every_steps": int,
+                "regime": Regime}
     for name, kind in expected.items():
       value = getattr(self, name)
       if not isinstance(value, kind) or isinstance(value, bool):

@@ -22,6 +22,8 @@ def make_plan(experiment: Experiment) -> dict:
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
+      # The regime's name/settings and what it sends per replica and step.
+      **experiment.regime.describe(facts.get("allreduce_bytes_per_step"), topology.num_replicas),
       "examples_per_epoch": experiment.workload.examples_per_epoch(),
       "steps_per_epoch": round(experiment.steps_per_epoch, 2),
       "train_epochs": experiment.train_epochs,

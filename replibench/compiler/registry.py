@@ -7,3 +7,4 @@ import replibench.engine  # noqa: F401  (topology.*, engine.cross_replica_batch_
 import replibench.workloads.classification  # noqa: F401
 import replibench.workloads.d4pg  # noqa: F401
 import replibench.workloads.gan  # noqa: F401  (ConditionalGAN, scorers, Imagenet2012Gan; models.sngan)
+import replibench.engine.regimes  # noqa: F401  (regimes.*)

@@ -9,7 +9,7 @@ replica's share, which changes the math as soon as clipping is active.
 
 import tensorflow as tf
 
-from replibench.engine import collectives
+from replibench.engine import collectives, regimes
 
 
 def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
@@ -40,6 +40,24 @@ def _take_over_reduction(optimizer) -> None:
 
 
 def apply_gradients(optimizer, grads: list, variables: list) -> None:
+  """Applies one replica's gradients the way the active training regime says.
+
+  Call inside a replicated step with per-replica gradients of a loss scaled by
+  `average_loss` (their sum is the global-batch gradient). Under the default
+  `Sync` regime that is `sync_apply_gradients`.
+  """
+  regimes.active().apply_gradients(optimizer, grads, variables)
+
+
+def build_optimizer(optimizer, variables: list) -> None:
+  """Creates the optimizer's slots (and the regime's state) under Replicator.scope().
+
+  Keras 3 optimizers must be built before the first traced step.
+  """
+  regimes.active().build_optimizer(optimizer, variables)
+
+
+def sync_apply_gradients(optimizer, grads: list, variables: list) -> None:
   """All-reduces grads over replicas, then applies them with optimizer.
 
   Call inside a replicated step with per-replica gradients of a loss scaled by

@@ -12,11 +12,13 @@ other replicas. `input_fn(ctx)` builds one input pipeline at the per-replica
 batch size given by `ctx`.
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
 
+from replibench.engine import regimes
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
 
@@ -78,13 +80,16 @@ class CompiledStep:
 class Replicator:
   """Replicates single-device training code over a topology's replicas."""
 
-  def __init__(self, topology: Topology):
+  def __init__(self, topology: Topology, regime: regimes.Regime | None = None):
     self.topology = topology
-    self.strategy = topology.make_strategy()
+    self.regime = regime or regimes.Sync()
+    self.regime.check(topology)
+    self.strategy = self.regime.make_strategy(topology)
 
   @property
   def num_replicas(self) -> int:
-    return self.strategy.num_replicas_in_sync
+    # Under AsyncPS the strategy counts one worker's replicas; the data is split over all.
+    return self.strategy.num_replicas_in_sync * max(1, self.regime.asynchronous_workers)
 
   def _cluster(self) -> dict:
     resolver = getattr(self.strategy, "cluster_resolver", None)
@@ -92,6 +97,8 @@ class Replicator:
 
   @property
   def num_workers(self) -> int:
+    if self.regime.asynchronous_workers:
+      return self.regime.asynchronous_workers   # Training workers (not the chief, the ps).
     cluster = self._cluster()
     return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
 
@@ -106,13 +113,22 @@ class Replicator:
       return resolver.task_type == "chief"
     return resolver.task_type == "worker" and resolver.task_id == 0
 
+  @contextlib.contextmanager
   def scope(self):
     """Variables (models, optimizers, metrics) created here are replicated."""
-    return self.strategy.scope()
+    with self.strategy.scope(), regimes.activate(self.regime):
+      yield
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
                  global_batch_size: int, start_step: int = 0):
-    """A distributed dataset: each replica gets its own per-replica batch."""
+    """A distributed dataset: each replica gets its own per-replica batch.
+
+    Under AsyncPS, where this process (the chief) evaluates inline and the
+    workers' training input is built by compile: one plain pipeline at the
+    global batch size.
+    """
+    if self.regime.asynchronous_workers:
+      return input_fn(InputContext(global_batch_size, 0, 1, 1, start_step))
     per_replica = per_replica_batch_size(global_batch_size, self.num_replicas)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -122,11 +138,33 @@ class Replicator:
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
   def run(self, step_fn: Callable, *args, **kwargs) -> Any:
-    """Runs step_fn once on every replica; returns per-replica results."""
-    return self.strategy.run(step_fn, args=args, kwargs=kwargs)
+    """Runs step_fn once on every replica; returns per-replica results.
+
+    If step_fn returns a dict, the regime's own per-step scalars ('regime/...')
+    are added to it. Under AsyncPS this runs step_fn inline on the chief (for
+    evaluation: the variables are read from the parameter servers); training
+    steps go to the workers through compile.
+    """
+    if self.regime.asynchronous_workers:
+      return step_fn(*args, **kwargs)
+    return self.strategy.run(self.replica_step(step_fn), args=args, kwargs=kwargs)
+
+  def replica_step(self, step_fn: Callable) -> Callable:
+    """step_fn as each replica runs it: under the regime, which adds its metrics."""
+    def replica_fn(*a, **kw):
+      with regimes.activate(self.regime):
+        self.regime.begin_step()
+        outputs = step_fn(*a, **kw)
+        if isinstance(outputs, dict):
+          outputs = {**outputs, **self.regime.step_metrics()}
+      return outputs
+
+    return replica_fn
 
   def reduce(self, values, op: str = "mean"):
     """Per-replica results to host values: 'sum', 'mean' (scalars) or 'concat'."""
+    if self.regime.asynchronous_workers:
+      return values   # run() was inline: one pipeline, nothing to reduce.
     if op == "concat":
       return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), values)
     if op not in ("sum", "mean"):
@@ -139,5 +177,8 @@ class Replicator:
     """Runs steps_per_call replicated steps of step_fn per call, in one graph."""
     if steps_per_call < 1:
       raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
+    if self.regime.asynchronous_workers:   # Workers' updates through a coordinator.
+      return self.regime.compile(self, step_fn, input_fn, global_batch_size, steps_per_call,
+                                 start_step)
     dataset = self.distribute(input_fn, global_batch_size, start_step)
     return CompiledStep(self, step_fn, dataset, steps_per_call)

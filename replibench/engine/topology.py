@@ -70,7 +70,7 @@ def read_tf_config() -> dict:
     raise UserError(
         "topology.MultiWorker needs the TF_CONFIG environment variable (cluster and task), "
         "as Kubeflow and other launchers set it; for a local try use "
-        "`replibench launch --workers N -- run ...`.")
+        "`replibench launch --workers N [--ps P] -- run ...`.")
   try:
     config = json.loads(raw)
     workers = config["cluster"]["worker"]
@@ -80,7 +80,10 @@ def read_tf_config() -> dict:
         f"TF_CONFIG is malformed ({type(e).__name__}: {e}); expected JSON like "
         '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.'
     ) from None
-  if task_type not in ("worker", "chief") or not 0 <= index < len(config["cluster"].get(task_type, [])):
+  # 'ps' tasks exist only under regimes.AsyncPS (ParameterServerStrategy); MultiWorker's
+  # own strategy rejects them in make_strategy.
+  if (task_type not in ("worker", "chief", "ps")
+      or not 0 <= index < len(config["cluster"].get(task_type, []))):
     raise UserError(
         f"TF_CONFIG names this task {task_type!r} #{index}, which is not in its cluster "
         f"{config['cluster']}; each process needs its own task entry.")
@@ -94,11 +97,15 @@ class MultiWorker(Topology):
 
   workers: expected number of workers, used for planning and checked against
   TF_CONFIG at run time (0 = whatever TF_CONFIG says). On CPU each worker has
-  one replica; on GPU hosts, one per GPU.
+  one replica; on GPU hosts, one per GPU. ps: parameter-server tasks, for
+  planning and checked like workers (0 = whatever TF_CONFIG says); only
+  Experiment.regime = @regimes.AsyncPS() uses them, and there `workers` counts
+  the training workers, not the chief that coordinates them.
   """
 
   workers: int = 0
   replicas_per_worker: int = 1
+  ps: int = 0
   kind = "worker_processes"
 
   @property
@@ -110,10 +117,17 @@ class MultiWorker(Topology):
 
   def describe_devices(self) -> str:
     workers = self.workers or "TF_CONFIG's"
-    return f"{workers} worker(s) x {self.replicas_per_worker} replica(s)"
+    ps = f" + {self.ps} parameter server(s)" if self.ps else ""
+    return f"{workers} worker(s) x {self.replicas_per_worker} replica(s){ps}"
 
   def make_strategy(self):
     config = read_tf_config()
+    if self.ps or config["cluster"].get("ps"):
+      raise UserError(
+          f"topology.MultiWorker.ps = {self.ps} and TF_CONFIG lists "
+          f"{len(config['cluster'].get('ps', []))} ps task(s): parameter servers are for "
+          f"asynchronous training; set Experiment.regime = @regimes.AsyncPS() (as "
+          f"configs/topology/ps.gin does), or launch without --ps for synchronous training.")
     found = len(config["cluster"]["worker"]) + len(config["cluster"].get("chief", []))
     if self.workers and found != self.workers:
       raise UserError(

@@ -1,11 +1,21 @@
-"""`replibench launch`: N worker processes on this machine, wired by TF_CONFIG.
+"""`replibench launch`: a cluster of processes on this machine, wired by TF_CONFIG.
 
 For trying a multi-worker topology locally; on a cluster, the launcher of your
-choice (Kubeflow, SLURM scripts...) sets TF_CONFIG instead. Workers listen on
-free ports of 127.0.0.1. Output is streamed with a `[worker i]` prefix; if any
-worker fails the others are stopped and launch exits with that worker's code.
+choice (Kubeflow, SLURM scripts...) sets TF_CONFIG instead. Tasks listen on
+free ports of 127.0.0.1 and their output is streamed with a `[job i]` prefix;
+the launcher's own lines start with `[launch]` (on stderr).
+
+  --ps 0 (synchronous, MultiWorkerMirrored): W 'worker' tasks, all training. If
+      any fails the others are stopped and launch exits with its code.
+  --ps P > 0 (regimes.AsyncPS): a 'chief' that trains, W 'worker' and P 'ps'
+      tasks that serve it. The chief's exit code is the launch's, and the
+      servers are stopped when it ends. A worker that dies is restarted on its
+      port (at most max_restarts times per worker; the coordinator reruns its
+      updates), except after exit code 2 (bad input, which a restart repeats);
+      a ps that dies ends the launch (variables live there).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+
+EXIT_USER_ERROR = 2
 
 
 def free_ports(n: int) -> list[int]:
@@ -28,9 +40,15 @@ def free_ports(n: int) -> list[int]:
   return ports
 
 
-def tf_config(ports: list[int], index: int) -> str:
-  return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                     "task": {"type": "worker", "index": index}})
+def make_cluster(workers: int, ps: int) -> dict:
+  """{job: ['127.0.0.1:port', ...]}: W workers, or a chief + W workers + P ps."""
+  counts = {"worker": workers} if not ps else {"chief": 1, "worker": workers, "ps": ps}
+  ports = iter(free_ports(sum(counts.values())))
+  return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
+
+
+def tf_config(cluster: dict, job: str, index: int) -> str:
+  return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
 
 
 def core_share(index: int, cpus_per_worker: int) -> set[int] | None:
@@ -41,25 +59,46 @@ def core_share(index: int, cpus_per_worker: int) -> set[int] | None:
   return {cores[(index * cpus_per_worker + k) % len(cores)] for k in range(cpus_per_worker)}
 
 
+def _log(message: str) -> None:
+  print(f"[launch] {message}", file=sys.stderr, flush=True)
+
+
 def _stream(proc: subprocess.Popen, prefix: str) -> None:
   for line in iter(proc.stdout.readline, b""):
     sys.stdout.write(f"{prefix} {line.decode(errors='replace')}")
     sys.stdout.flush()
 
 
-def _start(index: int, ports: list[int], args: list[str], cpus_per_worker: int):
-  env = dict(os.environ, TF_CONFIG=tf_config(ports, index))
-  env.pop("REPLIBENCH_CPU_DEVICES", None)   # One CPU replica per worker process.
-  cores = core_share(index, cpus_per_worker)
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "replibench.cli", *args], env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, start_new_session=True,
-      preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-  threading.Thread(target=_stream, args=(proc, f"[worker {index}]"), daemon=True).start()
-  return proc
+@dataclasses.dataclass
+class _Task:
+  """One process of the cluster; start() (re)starts it with the same TF_CONFIG."""
+
+  job: str
+  index: int
+  cluster: dict
+  args: list
+  cores: set | None = None   # Pinned cores (worker tasks with --cpus_per_worker).
+  proc: subprocess.Popen | None = None
+  restarts: int = 0
+
+  @property
+  def name(self) -> str:
+    return f"{self.job} {self.index}"
+
+  def start(self) -> None:
+    env = dict(os.environ, TF_CONFIG=tf_config(self.cluster, self.job, self.index))
+    env.pop("REPLIBENCH_CPU_DEVICES", None)   # One CPU replica per worker process.
+    cores = self.cores
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", "replibench.cli", *self.args], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    threading.Thread(target=_stream, args=(self.proc, f"[{self.name}]"), daemon=True).start()
+    _log(f"started {self.name} (pid {self.proc.pid})")
 
 
-def _stop(procs) -> None:
+def _stop(tasks) -> None:
+  procs = [t.proc for t in tasks]
   for sig in (signal.SIGTERM, signal.SIGKILL):
     for p in procs:
       if p.poll() is None:
@@ -69,29 +108,57 @@ def _stop(procs) -> None:
       time.sleep(0.1)
 
 
+def _synchronous_outcome(tasks) -> int | None:
+  """--ps 0: the first failure's code, 0 once all succeeded, None while running."""
+  codes = [t.proc.poll() for t in tasks]
+  for task, code in zip(tasks, codes):
+    if code not in (None, 0):
+      _log(f"{task.name} exited with code {code}; stopping the others.")
+      return code
+  return 0 if all(c == 0 for c in codes) else None
+
+
+def _asynchronous_outcome(tasks, max_restarts: int) -> int | None:
+  """--ps > 0: the chief's code once it ended, a fatal server exit's, or None."""
+  chief, servers = tasks[0], tasks[1:]
+  code = chief.proc.poll()
+  if code is not None:
+    return code
+  for task in servers:
+    code = task.proc.poll()
+    if code is None:
+      continue
+    if task.job == "worker" and code != EXIT_USER_ERROR and task.restarts < max_restarts:
+      task.restarts += 1
+      _log(f"{task.name} exited with code {code}; restarting it "
+           f"(restart {task.restarts} of {max_restarts}).")
+      task.start()
+      continue
+    _log(f"{task.name} exited with code {code}; stopping the cluster.")
+    return code or 1
+  return None
+
+
 def launch(workers: int, args: list[str], cpus_per_worker: int = 0,
-           timeout_s: float | None = None) -> int:
-  """Runs `replibench <args>` in workers processes; returns the exit code."""
-  ports = free_ports(workers)
-  procs = [_start(i, ports, args, cpus_per_worker) for i in range(workers)]
+           timeout_s: float | None = None, ps: int = 0, max_restarts: int = 3) -> int:
+  """Runs `replibench <args>` in every task of the cluster; returns the exit code."""
+  cluster = make_cluster(workers, ps)
+  tasks = [_Task(job, i, cluster, args, core_share(i, cpus_per_worker) if job == "worker"
+                 else None) for job, addresses in cluster.items() for i in range(len(addresses))]
+  for task in tasks:
+    task.start()
   start = time.monotonic()
   try:
     while True:
-      codes = [p.poll() for p in procs]
-      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-      if failed:
-        i, code = failed[0]
-        print(f"[launch] worker {i} exited with code {code}; stopping the others.",
-              file=sys.stderr)
-        return code
-      if all(c == 0 for c in codes):
-        return 0
+      outcome = (_asynchronous_outcome(tasks, max_restarts) if ps
+                 else _synchronous_outcome(tasks))
+      if outcome is not None:
+        return outcome
       if timeout_s and time.monotonic() - start > timeout_s:
-        print(f"[launch] timed out after {timeout_s:.0f} s; stopping the workers.",
-              file=sys.stderr)
+        _log(f"timed out after {timeout_s:.0f} s; stopping the cluster.")
         return 124
       time.sleep(0.2)
   finally:
-    _stop(procs)
-    for p in procs:
-      p.wait()
+    _stop(tasks)
+    for task in tasks:
+      task.proc.wait()

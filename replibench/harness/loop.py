@@ -34,7 +34,7 @@ class _Run:
     self.experiment, self.workdir = experiment, workdir
     self.workload = experiment.workload
     self.init_start = time.monotonic()
-    self.replicator = Replicator(experiment.topology)
+    self.replicator = Replicator(experiment.topology, experiment.regime)
     self.chief = self.replicator.is_chief
     self.spec = experiment.train_spec(self.replicator.num_replicas)
     self.limit = min(experiment.total_steps, max_steps or experiment.total_steps)
@@ -217,6 +217,8 @@ class _Run:
 
 def run_experiment(experiment: Experiment, workdir: str, max_steps: int | None = None) -> dict:
   """Runs (or resumes) experiment in workdir; writes and returns result.json's dict."""
+  experiment.regime.check_workload(experiment.workload)
+  experiment.regime.serve(experiment.topology)   # AsyncPS worker and ps tasks stay here.
   os.makedirs(workdir, exist_ok=True)
   result_path = os.path.join(workdir, "result.json")
   previous = read_json(result_path)

@@ -65,8 +65,9 @@ def trial_command(trial: Trial, trial_dir: str, cores: int | None = None) -> lis
   cpus = trial.launch.cpus_per_worker
   if cpus is None:  # Split the machine evenly between the workers.
     cpus = max(1, (cores or os.cpu_count() or 1) // trial.launch.workers)
+  ps = ["--ps", str(trial.launch.ps)] if trial.launch.ps else []
   return base + ["launch", "--workers", str(trial.launch.workers),
-                 "--cpus_per_worker", str(cpus), "--"] + run
+                 "--cpus_per_worker", str(cpus), *ps, "--"] + run
 
 
 def subprocess_runner(trial: Trial, trial_dir: str) -> int:
@@ -134,11 +135,14 @@ def _update_hparams_config(workdir: str) -> None:
 
 def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
               seeds: Sequence[int] | None = None, runner: Runner = subprocess_runner,
-              parallel: int = 1, log: Callable[[str], Any] = print) -> SweepOutcome:
+              parallel: int = 1, log: Callable[[str], Any] = print,
+              bindings: Sequence[str] = ()) -> SweepOutcome:
   """Runs (or resumes) every trial of a sweep; returns what happened to each.
 
   Args:
     gin_files: extra gin files added to every trial after the sweep's own.
+    bindings: extra gin bindings added to every trial after the sweep's and the
+      points' own (so they override both).
     sweep_path: the sweep file (TOML, see sweep_file.py).
     workdir: the sweep directory; created if missing, resumed if not.
     seeds: overrides the sweep file's seeds when given.
@@ -147,7 +151,7 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     log: receives one progress line per trial.
   """
   sweep = sweep_file.load(sweep_path)
-  trials = sweep_file.expand(sweep, gin_files, seeds)
+  trials = sweep_file.expand(sweep, gin_files, seeds, bindings)
   os.makedirs(workdir, exist_ok=True)
   _write_manifest(workdir, sweep, trials)
   n = len(trials)

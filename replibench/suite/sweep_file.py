@@ -25,7 +25,9 @@ Format (TOML, stdlib tomllib; relative paths are relative to the sweep file):
 Trials are the product of the axes times the seeds. A point may carry
 `gin_files`, `bindings`, and a launch mode: without `workers` the trial runs in
 one process (logical replicas); with `workers = N` (and optionally
-`cpus_per_worker`) it runs as N worker processes through `replibench launch`.
+`cpus_per_worker`) it runs as N worker processes through `replibench launch`;
+`ps = P` adds a chief and P parameter servers (for Experiment.regime =
+@regimes.AsyncPS(), e.g. with configs/topology/ps.gin).
 A trial's directory is `<label>,<label>/seed=<seed>`, e.g.
 `replicas=2,batch=256/seed=1`.
 """
@@ -41,7 +43,7 @@ from replibench.errors import UserError
 
 _TOP_KEYS = {"description", "gin_files", "bindings", "seeds", "seed_binding", "axes"}
 _AXIS_KEYS = {"name", "binding", "values", "points"}
-_POINT_KEYS = {"label", "gin_files", "bindings", "workers", "cpus_per_worker"}
+_POINT_KEYS = {"label", "gin_files", "bindings", "workers", "cpus_per_worker", "ps"}
 # Labels become directory names and TensorBoard run names: keep them portable.
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.=+-]+$")
 
@@ -52,10 +54,12 @@ class Launch:
 
   workers == 0 means one process with in-process (logical) replicas; workers >= 1
   means that many worker processes started by `replibench launch`.
-  cpus_per_worker None lets the runner split the machine's cores evenly.
+  cpus_per_worker None lets the runner split the machine's cores evenly; 0
+  leaves the processes unpinned. ps > 0 adds a chief and ps parameter servers.
   """
   workers: int = 0
   cpus_per_worker: int | None = None
+  ps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,11 +188,13 @@ def _zipped_point(path: str, where: str, point: Any) -> Point:
   launch = None
   if "workers" in point:
     cpus = point.get("cpus_per_worker")
+    ps = point.get("ps", 0)
     launch = Launch(
         _positive_int(path, f"{where}.workers", point["workers"]),
-        None if cpus is None else _positive_int(path, f"{where}.cpus_per_worker", cpus))
-  elif "cpus_per_worker" in point:
-    raise _fail(path, f"{where}.cpus_per_worker", "needs 'workers' in the same point.")
+        cpus if cpus in (None, 0) else _positive_int(path, f"{where}.cpus_per_worker", cpus),
+        ps if ps == 0 else _positive_int(path, f"{where}.ps", ps))
+  elif "cpus_per_worker" in point or "ps" in point:
+    raise _fail(path, f"{where}.cpus_per_worker / ps", "need 'workers' in the same point.")
   return Point(
       label=_label(path, f"{where}.label", point["label"]),
       gin_files=_gin_paths(path, f"{where}.gin_files", point.get("gin_files", [])),
@@ -264,12 +270,15 @@ def _dedupe(paths: Sequence[str]) -> tuple[str, ...]:
 
 
 def expand(sweep: Sweep, extra_gin_files: Sequence[str] = (),
-           seeds: Sequence[int] | None = None) -> list[Trial]:
+           seeds: Sequence[int] | None = None,
+           extra_bindings: Sequence[str] = ()) -> list[Trial]:
   """The sweep's trials, seed-major (every configuration at seed 1 first).
 
   Seed-major order means an interrupted sweep already covers every
   configuration. Gin files come in the order: sweep base files, extra files
-  (e.g. from the command line), then each axis point's files; bindings after.
+  (e.g. from the command line), then each axis point's files; bindings after:
+  the sweep's, the point's, the extra ones (e.g. `include 'configs/resnet/smoke.gin'`
+  to shrink every trial), then the seed.
   """
   for f in extra_gin_files:
     if not os.path.isfile(f):
@@ -288,6 +297,6 @@ def expand(sweep: Sweep, extra_gin_files: Sequence[str] = (),
           gin_files=_dedupe([*sweep.gin_files, *extra_gin_files,
                              *(f for p in combo for f in p.gin_files)]),
           bindings=(*sweep.bindings, *(b for p in combo for b in p.bindings),
-                    f"{sweep.seed_binding} = {seed}"),
+                    *extra_bindings, f"{sweep.seed_binding} = {seed}"),
           launch=launches[0] if launches else Launch()))
   return trials

@@ -30,6 +30,9 @@ class Workload(abc.ABC):
   name: str = "workload"
   target_metric: str = "eval/metric"     # Key of `evaluate`'s result checked against the target.
   higher_is_better: bool = True
+  # True when input_fn reads state of this process (e.g. a replay buffer its actors
+  # fill), so the step cannot run on another process (regimes.AsyncPS workers).
+  host_local_input: bool = False
 
   @abc.abstractmethod
   def examples_per_epoch(self) -> int:

@@ -56,7 +56,7 @@ class ImageClassification(Workload):
     self.optimizer = keras.optimizers.SGD(self.schedule, momentum=self.momentum,
                                           nesterov=self.nesterov)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    self.optimizer.build(self.model.trainable_variables)
+    engine.build_optimizer(self.optimizer, self.model.trainable_variables)
 
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     return self.data.train(ctx, self.spec.seed)

@@ -174,6 +174,7 @@ class D4PG(Workload):
 
   target_metric = "eval/return"
   higher_is_better = True
+  host_local_input = True   # The learner samples the replay its actors fill in this process.
 
   def __init__(self, env: envs.EnvConfig | None = None, name: str = "d4pg",
                networks: Callable[..., d4pg.D4PGNetworks] = d4pg.D4PGNetworks,
@@ -230,8 +231,8 @@ class D4PG(Workload):
     # global_clipnorm acts on the full gradient: the engine reduces before applying.
     self.critic_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
     self.policy_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
-    self.critic_optimizer.build(self.networks.critic_variables)
-    self.policy_optimizer.build(self.networks.policy_variables)
+    engine.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
+    engine.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)

@@ -279,8 +279,8 @@ class ConditionalGAN(Workload):
     self.generator, self.discriminator = self._make_models()
     self.g_optimizer, self.d_optimizer = self._adam("g_adam"), self._adam("d_adam")
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    self.g_optimizer.build(self.generator.trainable_variables)
-    self.d_optimizer.build(self.discriminator.trainable_variables)
+    engine.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
+    engine.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
     self._noise_seed = tf.constant([spec.seed, 0x5A6A], tf.int64)
     self._make_eval_inputs(spec.seed)
     # Outside the timed span: classifier, reference statistics, real-data scores.

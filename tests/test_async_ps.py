@@ -1,0 +1,163 @@
+"""regimes.AsyncPS: asynchronous parameter-server training through `replibench launch`."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from replibench import engine
+from replibench.compiler import compile_experiment
+from replibench.engine import regimes
+from replibench.engine.regimes import async_ps
+from replibench.errors import UserError
+from replibench.harness.loop import run_experiment
+from tests import helpers
+
+RESNET, GAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist.gin"
+PS = "configs/topology/ps.gin"
+
+
+def _flags(config: str, *bindings: str) -> list[str]:
+  return [f"--gin_file={config}",
+          *(f"--gin_bindings={b}" for b in [*helpers.TINY[config], *bindings])]
+
+
+def _launch(workers: int, flags: list[str], workdir) -> list[str]:
+  return ["launch", f"--workers={workers}", "--ps=1", "--timeout=400", "--", "run", *flags,
+          f"--gin_file={PS}", f"--gin_bindings=topology.MultiWorker.workers = {workers}",
+          f"--workdir={workdir}"]
+
+
+def _variables(workdir) -> dict:
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.startswith(("model/", "optimizer/"))}
+
+
+def test_one_worker_trains_exactly_like_sync(tmp_path):
+  """W = 1: one update of the whole global batch per step, as one synchronous replica."""
+  flags = _flags(RESNET)
+  local = helpers.cli("run", *flags, f"--workdir={tmp_path / 'sync'}")
+  assert local.returncode == 0, local.stderr[-3000:]
+  launched = helpers.cli(*_launch(1, flags, tmp_path / "async"))
+  assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+  a, b = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "async")
+  assert (b["num_workers"], b["num_replicas"], b["final_step"]) == (1, 1, a["final_step"])
+  np.testing.assert_allclose(b["final_metric"], a["final_metric"], atol=2e-3)
+  sync_vars, async_vars = _variables(tmp_path / "sync"), _variables(tmp_path / "async")
+  assert sync_vars.keys() == async_vars.keys() and len(sync_vars) > 10
+  for name, value in sync_vars.items():
+    np.testing.assert_allclose(async_vars[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _launch_killing_worker_1(args: list[str]) -> tuple[int, str]:
+  """Runs `replibench launch ARGS`; at step 3 kills worker 1 and pauses the chief until
+  the launcher's replacement serves, so the restart lands mid-run at any machine speed."""
+  proc = subprocess.Popen([sys.executable, "-m", "replibench.cli", *args], cwd=helpers.REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  pids, lines, state = {}, [], "training"
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if started := re.search(r"\[launch\] started (\w+ \d) \(pid (\d+)\)", line):
+        pids[started.group(1)] = int(started.group(2))
+      elif state == "training" and line.startswith("[chief 0]") and "step 3/" in line:
+        os.kill(pids["chief 0"], signal.SIGSTOP)
+        os.kill(pids["worker 1"], signal.SIGKILL)
+        state = "paused"
+      elif state == "paused" and line.startswith("[worker 1]") and " serving at " in line:
+        os.kill(pids["chief 0"], signal.SIGCONT)
+        state = "resumed"
+    return proc.wait(timeout=60), "".join(lines)
+  finally:
+    if proc.poll() is None:   # A failed test: let the launcher stop its cluster (SIGINT).
+      with contextlib.suppress(KeyError, ProcessLookupError):
+        os.kill(pids["chief 0"], signal.SIGCONT)
+      proc.send_signal(signal.SIGINT)
+      proc.wait(timeout=60)
+
+
+def test_two_workers_train_to_the_end_through_a_worker_restart(tmp_path):
+  code, output = _launch_killing_worker_1(_launch(
+      2, _flags(RESNET, "Experiment.train_epochs = 1", "Experiment.eval_every_epochs = 0.5"),
+      tmp_path))
+  assert code == 0, output[-5000:]
+  assert "[launch] worker 1 exited with code -9; restarting it (restart 1 of 3)" in output
+  assert "Worker /job:worker/replica:0/task:1 has been recovered" in output, output[-5000:]
+  result = helpers.result(tmp_path)
+  assert result["status"] == "budget_exhausted"
+  assert result["final_step"] == result["budget"]["total_steps"] == 10
+  assert (result["num_workers"], result["num_replicas"]) == (2, 2)
+  assert result["scaling_kind"] == "worker_processes" and np.isfinite(result["final_metric"])
+  staleness = helpers.event_tags(tmp_path)["train/regime/staleness"]
+  assert len(staleness) == 10
+  # Per call, 2 updates: each sees at most the other (and a rerun of a killed one).
+  assert all(0.0 <= float(tf.make_ndarray(v)) <= 2.0 for _, v in staleness)
+
+
+def test_gan_trains_on_two_workers(tmp_path):
+  run = helpers.cli(*_launch(2, _flags(GAN), tmp_path))
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  result = helpers.result(tmp_path)
+  assert result["status"] == "budget_exhausted" and result["final_step"] == 4
+  assert np.isfinite(result["final_metric"]) and result["num_workers"] == 2
+  assert "train/regime/staleness" in helpers.event_tags(tmp_path)
+
+
+def test_async_ps_on_a_local_topology_is_a_user_error(tmp_path):
+  run = helpers.cli("run", *_flags(RESNET, "Experiment.regime = @regimes.AsyncPS()"),
+                    f"--workdir={tmp_path}")
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert "Experiment.regime = @regimes.AsyncPS() needs Experiment.topology" in run.stderr
+  assert not (tmp_path / "result.json").exists()
+
+
+def test_d4pg_cannot_train_on_parameter_server_workers(tmp_path):
+  config = "configs/d4pg/cartpole_swingup.gin"
+  experiment = compile_experiment([os.path.join(helpers.REPO, config),
+                                   os.path.join(helpers.REPO, PS)], helpers.TINY[config])
+  with pytest.raises(UserError, match="replay buffer.*AsyncPS"):
+    run_experiment(experiment, str(tmp_path))
+  assert not os.listdir(tmp_path)
+
+
+def _cluster(**jobs) -> str:
+  cluster = {job: [f"127.0.0.1:{1000 + i}" for i in range(n)] for job, n in jobs.items()}
+  return json.dumps({"cluster": cluster, "task": {"type": "chief" if "chief" in jobs
+                                                  else "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("tf_config,topology,culprit", [
+    (_cluster(chief=1, worker=2), engine.MultiWorker(workers=2, ps=1), "one 'chief'.*'ps'"),
+    (_cluster(worker=2, ps=1), engine.MultiWorker(workers=2, ps=1), "one 'chief'"),
+    (_cluster(chief=1, worker=3, ps=1), engine.MultiWorker(workers=2, ps=1),
+     "MultiWorker.workers = 2 but TF_CONFIG lists 3"),
+    (_cluster(chief=1, worker=2, ps=1), engine.MultiWorker(workers=2, replicas_per_worker=2),
+     "one replica per worker"),
+])
+def test_async_ps_checks_the_cluster_before_connecting(monkeypatch, tf_config, topology,
+                                                        culprit):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  with pytest.raises(UserError, match=culprit):
+    regimes.AsyncPS().make_strategy(topology)
+
+
+def test_synchronous_multiworker_rejects_parameter_servers(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", _cluster(chief=1, worker=2, ps=1))
+  with pytest.raises(UserError, match="regimes.AsyncPS"):
+    engine.MultiWorker().make_strategy()
+
+
+def test_schedule_steps_are_harness_steps_of_w_updates():
+  schedule = keras.optimizers.schedules.PiecewiseConstantDecay([0, 1], [1.0, 0.5, 0.25])
+  per_step = async_ps._StepsOfUpdates(schedule, 2)   # pylint: disable=protected-access
+  lrs = [float(per_step(tf.constant(u, tf.int64))) for u in range(6)]
+  assert lrs == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]

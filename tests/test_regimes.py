@@ -1,0 +1,317 @@
+"""Training regimes: local SGD, compressed gradients and gossip against sync, and their parts."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from replibench import engine
+from replibench.engine import collectives, regimes
+from replibench.engine.regimes import compressed, gossip
+from replibench.errors import UserError
+from tests import helpers
+
+GLOBAL_BATCH = 16
+STEPS = 4
+# Binds (the initial gradient norm is above it, checked below): the compressed
+# regime must clip the global gradient, as sync does.
+TIGHT_CLIP = 0.2
+# Does not bind. Local steps clip their own gradient, so local SGD and gossip
+# equal sync only while clipping is inactive (like any nonlinearity in the update).
+LOOSE_CLIP = 100.0
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(GLOBAL_BATCH * STEPS, 8, 8, 3)).astype(np.float32)
+  y = rng.integers(0, 10, size=(GLOBAL_BATCH * STEPS,)).astype(np.int32)
+  return x, y
+
+
+def _mlp():
+  keras.utils.set_random_seed(1)
+  return keras.Sequential([
+      keras.Input((8, 8, 3)), keras.layers.Flatten(),
+      keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
+
+
+class _Run:
+  """A tiny MLP trained with SGD + momentum under regime on n replicas (None: no strategy)."""
+
+  def __init__(self, regime, n, clip=LOOSE_CLIP):
+    self.replicator = (engine.Replicator(engine.Local(num_replicas=n, device="cpu"), regime)
+                       if n is not None else None)
+    self.regime = regime
+    with self._scope():
+      self.model = _mlp()
+      self.optimizer = keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=clip)
+      engine.build_optimizer(self.optimizer, self.model.trainable_variables)
+    x, y = _data()
+
+    def input_fn(ctx):
+      ds = tf.data.Dataset.from_tensor_slices((x, y))
+      ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
+
+    if self.replicator is not None:
+      self.train = self.replicator.compile(self._step_fn, input_fn, GLOBAL_BATCH)
+    else:
+      batches = iter(input_fn(engine.InputContext(GLOBAL_BATCH, 0, 1, 1)))
+      step = tf.function(self._step_fn)
+
+      def train():
+        with regimes.activate(regime):
+          outputs = step(next(batches))
+          return {k: v.numpy() for k, v in outputs.items()}
+
+      self.train = train
+
+  def _scope(self):
+    return self.replicator.scope() if self.replicator else regimes.activate(self.regime)
+
+  def _step_fn(self, batch):
+    images, labels = batch
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      logits = self.model(images, training=True)
+      per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+      loss = engine.average_loss(per_example, GLOBAL_BATCH)
+    engine.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
+    outputs = {"loss": engine.all_reduce(loss, "sum")}
+    if self.replicator is None:   # Replicator.run adds these itself.
+      outputs.update(self.regime.step_metrics())
+    return outputs
+
+  def run(self, steps=STEPS) -> list:
+    return [self.train() for _ in range(steps)]
+
+  def variables(self) -> list:
+    return self.model.trainable_variables + self.optimizer.variables
+
+  def copies(self, variable) -> list:
+    """Every replica's value of variable."""
+    if self.replicator is None:
+      return [variable.numpy()]
+    return [c.numpy() for c in
+            self.replicator.strategy.experimental_local_results(variable.value)]
+
+
+def _assert_replicas_equal(run):
+  for v in run.variables():
+    copies = run.copies(v)
+    for c in copies[1:]:
+      np.testing.assert_array_equal(c, copies[0], err_msg=f"{v.path} differs across replicas")
+
+
+def _assert_same_training(run, reference, exact):
+  for v, ref in zip(run.variables(), reference.variables()):
+    want = ref.numpy()
+    for got in run.copies(v):
+      if exact:
+        np.testing.assert_array_equal(got, want, err_msg=v.path)
+      else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=v.path)
+
+
+def test_tight_clip_binds():
+  model = _mlp()
+  x, y = _data()
+  with tf.GradientTape() as tape:
+    logits = model(x[:GLOBAL_BATCH], training=True)
+    loss = tf.reduce_mean(
+        keras.losses.sparse_categorical_crossentropy(y[:GLOBAL_BATCH], logits, from_logits=True))
+  norm = tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables))
+  assert TIGHT_CLIP < float(norm) < LOOSE_CLIP
+
+
+# Lossless compression and averaging every step must reproduce sync, in every
+# variable (parameters and momenta), with and without a strategy.
+EQUIVALENT = [
+    ("local_sgd_h1", lambda: regimes.LocalSGD(sync_every=1), LOOSE_CLIP, False),
+    ("gossip_complete", lambda: regimes.Gossip(graph="complete"), LOOSE_CLIP, False),
+    ("compressed_32bit", lambda: regimes.Compressed(bits=32), TIGHT_CLIP, True),
+    ("compressed_top_all", lambda: regimes.Compressed(top_k=1.0), TIGHT_CLIP, True),
+]
+
+
+@pytest.mark.parametrize("n", [None, 1, 2, 4], ids=["no_strategy", "1", "2", "4"])
+def test_equivalent_settings_match_sync(n):
+  references = {}
+  for name, make, clip, exact in EQUIVALENT:
+    if clip not in references:
+      references[clip] = _Run(regimes.Sync(), n, clip)
+      references[clip].run()
+    run = _Run(make(), n, clip)
+    metrics = run.run()
+    assert all(np.isfinite(m["loss"]) for m in metrics), name
+    assert all(k in metrics[0] for k in ("regime/bytes_communicated",)), (name, metrics[0])
+    _assert_replicas_equal(run)
+    _assert_same_training(run, references[clip], exact)
+
+
+def test_local_sgd_replicas_agree_only_after_averaging():
+  run = _Run(regimes.LocalSGD(sync_every=3), 4)
+  bytes_sent = []
+  for step in range(1, 6):
+    bytes_sent.append(run.train()["regime/bytes_communicated"])
+    kernel = run.copies(run.model.layers[-1].kernel)
+    if step % 3 == 0:
+      _assert_replicas_equal(run)
+    else:
+      assert not np.allclose(kernel[0], kernel[1]), f"replicas equal after step {step}"
+  state = sum(v.numpy().size * 4 for v in run.model.trainable_variables) * 2  # + momenta
+  assert bytes_sent == [0, 0, state, 0, 0]
+
+
+def test_gossip_ring_mixes_keeping_the_mean():
+  """One step from equal replicas: ring and complete mixing see the same local steps."""
+  ring, complete = _Run(regimes.Gossip(graph="ring"), 4), _Run(regimes.Gossip(graph="complete"), 4)
+  ring_metrics, complete_metrics = ring.train(), complete.train()
+  assert ring_metrics["regime/consensus_distance"] > 0
+  np.testing.assert_allclose(ring_metrics["regime/consensus_distance"],
+                             complete_metrics["regime/consensus_distance"], rtol=1e-5)
+  for v, mean in zip(ring.variables(), complete.variables()):
+    copies = ring.copies(v)
+    np.testing.assert_allclose(np.mean(copies, axis=0), mean.numpy(), rtol=1e-5, atol=1e-6,
+                               err_msg=v.path)
+  kernel = ring.copies(ring.model.layers[-1].kernel)
+  assert not np.allclose(kernel[0], kernel[2])
+  # After the ring step the replicas still differ, so the next step reports it.
+  assert ring.train()["regime/consensus_distance"] > 0
+  # Each replica sends parameters and momenta to its two neighbours.
+  state = sum(v.numpy().size * 4 for v in ring.model.trainable_variables) * 2
+  assert ring_metrics["regime/bytes_communicated"] == 2 * state
+
+
+def _per_replica_run(n, fn, values):
+  replicator = engine.Replicator(engine.Local(num_replicas=n, device="cpu"))
+  inputs = replicator.strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(values[ctx.replica_id_in_sync_group]))
+  out = tf.function(lambda x: replicator.run(fn, x))(inputs)
+  return [o.numpy() for o in replicator.strategy.experimental_local_results(out)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_permute_and_ring_neighbours(n):
+  values = [np.full((2, 3), i, np.float32) for i in range(n)]
+
+  def ring_of(x):
+    return collectives.permute(x, gossip.ring_sources(collectives.replica_id(), n))
+
+  for i, got in enumerate(_per_replica_run(n, ring_of, values)):
+    want = sorted({(i - 1) % n, i, (i + 1) % n}) if n > 2 else sorted({i, (i + 1) % n})
+    assert sorted(got[:, 0, 0].astype(int)) == want
+  last = _per_replica_run(n, lambda x: collectives.permute(x, tf.constant(n - 1)), values)
+  for got in last:
+    np.testing.assert_array_equal(got, values[n - 1])
+
+
+@pytest.mark.parametrize("n", [2, 4, 5])
+def test_random_matching_pairs_every_replica_alike(n):
+  for step in range(5):
+    seed = tf.constant([7, step], tf.int64)
+    partner = [int(gossip.random_partner(tf.constant(i), n, seed)) for i in range(n)]
+    assert all(partner[partner[i]] == i for i in range(n)), partner
+    assert sum(partner[i] == i for i in range(n)) == n % 2, partner
+
+
+@pytest.mark.parametrize("bits", [1, 2, 8])
+def test_stochastic_rounding_is_unbiased(bits):
+  draws = 4000
+  x = tf.constant(np.random.default_rng(bits).uniform(-1.5, 1.5, size=64), tf.float32)
+  scale = tf.reduce_max(tf.abs(x))
+  # One call on x repeated: each entry is rounded independently.
+  rounded = compressed.stochastic_quantize(tf.tile(x[None], [draws, 1]), scale, bits,
+                                           tf.constant([3, 4], tf.int64)).numpy()
+  step = 2 * float(scale) / (2**bits - 1)
+  grid = (rounded + float(scale)) / step
+  np.testing.assert_allclose(grid, np.round(grid), atol=1e-3)        # On the grid,
+  assert np.all(np.abs(rounded - x.numpy()) <= step + 1e-6)         # a neighbour of x,
+  # and right on average: the standard error of one entry's mean is <= step / 2 / sqrt(draws).
+  error = np.abs(rounded.mean(axis=0) - x.numpy())
+  assert np.all(error <= 5 * step / 2 / np.sqrt(draws)), error.max() / step
+
+
+def test_top_k_keeps_exactly_k_largest():
+  x = tf.constant(np.random.default_rng(0).normal(size=(6, 7)), tf.float32)
+  for fraction in (0.05, 0.3, 1.0):
+    k = compressed.kept_entries(42, fraction)
+    kept = compressed.top_k_sparsify(x, k).numpy()
+    assert np.count_nonzero(kept) == k
+    np.testing.assert_array_equal(kept[kept != 0], x.numpy()[kept != 0])
+    assert np.abs(x.numpy()[kept == 0]).max(initial=0) <= np.abs(kept[kept != 0]).min()
+
+
+def test_error_feedback_carries_what_compression_drops():
+  """Plain SGD at rate 1: -(total update) + residuals == total gradient."""
+  n, size, steps = 2, 40, 3
+  regime = regimes.Compressed(top_k=0.25)
+  replicator = engine.Replicator(engine.Local(num_replicas=n, device="cpu"), regime)
+  with replicator.scope():
+    w = keras.Variable(np.zeros(size, np.float32))
+    optimizer = keras.optimizers.SGD(1.0)
+    engine.build_optimizer(optimizer, [w])
+  grads = [np.random.default_rng(i).normal(size=size).astype(np.float32) for i in range(n)]
+  inputs = replicator.strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.constant(grads[ctx.replica_id_in_sync_group]))
+  step = tf.function(lambda g: replicator.run(
+      lambda x: engine.apply_gradients(optimizer, [x], [w]), g))
+  residual = regime._residual(w)  # pylint: disable=protected-access
+  k = compressed.kept_entries(size, 0.25)
+  for t in range(1, steps + 1):
+    before = w.numpy()
+    step(inputs)
+    # Each replica sent k entries: the rest of its gradient (+ residual) stays behind.
+    for r in replicator.strategy.experimental_local_results(residual):
+      assert np.count_nonzero(r.numpy()) == size - k
+    assert 0 < np.count_nonzero(w.numpy() - before) <= n * k
+    np.testing.assert_allclose(-w.numpy() + residual.numpy(), t * sum(grads), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_compressed_8_bit_trains_close_to_sync():
+  run, sync = _Run(regimes.Compressed(bits=8), 2, TIGHT_CLIP), _Run(regimes.Sync(), 2, TIGHT_CLIP)
+  metrics = run.run()
+  sync.run()
+  _assert_replicas_equal(run)
+  kernel = run.model.layers[-1].kernel.numpy()
+  want = sync.model.layers[-1].kernel.numpy()
+  assert not np.array_equal(kernel, want)
+  np.testing.assert_allclose(kernel, want, atol=0.02)
+  assert metrics[0]["regime/compression_ratio"] == pytest.approx(4, rel=0.01)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: regimes.LocalSGD(sync_every=0), lambda: regimes.LocalSGD(sync_every=2.0),
+    lambda: regimes.Compressed(), lambda: regimes.Compressed(bits=8, top_k=0.1),
+    lambda: regimes.Compressed(bits=17), lambda: regimes.Compressed(top_k=0.0),
+    lambda: regimes.Compressed(top_k=1.5), lambda: regimes.Gossip(graph="star")])
+def test_bad_settings_are_user_errors(make):
+  with pytest.raises(UserError, match="regimes\\."):
+    make()
+
+
+CONFIG = "configs/resnet/fashion_mnist.gin"
+
+
+@pytest.mark.parametrize("regime,bindings,tags", [
+    ("LocalSGD", ["regimes.LocalSGD.sync_every = 2"], ["regime/bytes_communicated"]),
+    ("Compressed", ["regimes.Compressed.bits = 8"],
+     ["regime/bytes_communicated", "regime/compression_ratio"]),
+    ("Gossip", ["regimes.Gossip.graph = 'ring'"],
+     ["regime/bytes_communicated", "regime/consensus_distance"]),
+])
+def test_regime_runs_through_the_harness(tmp_path, regime, bindings, tags):
+  flags = [f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
+           *(f"--gin_bindings={b}" for b in [*helpers.TINY[CONFIG],
+                                             f"Experiment.regime = @regimes.{regime}()",
+                                             *bindings])]
+  plan = helpers.cli("plan", *flags)
+  assert plan.returncode == 0, plan.stderr[-3000:]
+  assert "regime" in plan.stdout and "bytes_communicated_per_step" in plan.stdout
+  run = helpers.cli("run", *flags, "--max_steps=3", f"--workdir={tmp_path}")
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert helpers.result(tmp_path)["status"] == "budget_exhausted"
+  events = helpers.event_tags(tmp_path)
+  for tag in tags:
+    assert f"train/{tag}" in events, sorted(events)
