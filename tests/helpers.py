@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,7 +16,8 @@ TINY = {
     "configs/resnet/fashion_mnist.gin": [
         "FashionMNIST.num_train_examples = 2560", "FashionMNIST.num_eval_examples = 1000",
         "Experiment.train_epochs = 0.5", "Experiment.eval_every_epochs = 0.25",
-        "Experiment.log_every_steps = 1", "small_resnet.widths = (4, 8, 8)"],
+        "Experiment.log_every_steps = 1", "Experiment.steps_per_call = 1",
+        "small_resnet.widths = (4, 8, 8)"],
     # 4 GAN steps at batch 8 (2 per call, an evaluation after each call), one-block
     # G and D, 100 samples scored by a tiny classifier (trained once into the cache).
     "configs/sngan/fashion_mnist.gin": [
@@ -56,6 +58,19 @@ def workload_configs() -> list[str]:
   paths = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin")))
   return [os.path.relpath(p, REPO) for p in paths
           if "Experiment.workload" in open(p).read()]
+
+
+def derived_configs() -> dict[str, str]:
+  """{config: the workload config it includes} for configs that only change budgets
+  or targets of another (e.g. the bench suites' short recipes)."""
+  bases = set(workload_configs())
+  derived = {}
+  for path in sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin"))):
+    config = os.path.relpath(path, REPO)
+    included = re.findall(r"^include '([^']+)'", open(path).read(), flags=re.M)
+    if config not in bases and any(i in bases for i in included):
+      derived[config] = next(i for i in included if i in bases)
+  return derived
 
 
 def runs_on_cpu(config: str) -> bool:

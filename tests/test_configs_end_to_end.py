@@ -54,7 +54,21 @@ def test_config_runs_end_to_end(config, topology, tmp_path):
     assert f'"key": "{key}"' in mllog
 
 
-@pytest.mark.parametrize("config", helpers.workload_configs())
+@pytest.mark.parametrize("config", sorted(helpers.derived_configs()))
+def test_derived_config_runs_end_to_end(config, tmp_path):
+  # A config that includes a workload config (e.g. a bench suite's short recipe):
+  # one tiny run on 2 replicas with its base's overrides.
+  files = [os.path.join(helpers.REPO, config),
+           os.path.join(helpers.REPO, "configs", "topology", "local2.gin")]
+  result = run_experiment(compile_experiment(files, helpers.TINY[helpers.derived_configs()[config]]),
+                          str(tmp_path))
+  assert result["status"] in ("reached", "budget_exhausted") and result["num_replicas"] == 2
+  assert len(result["curve"]) >= 2
+  assert all(math.isfinite(metric) for _, _, metric in result["curve"])
+  assert result["target_metric"] in helpers.event_tags(tmp_path)
+
+
+@pytest.mark.parametrize("config", helpers.workload_configs() + sorted(helpers.derived_configs()))
 def test_every_config_plans(config):
   plan = make_plan(compile_experiment([os.path.join(helpers.REPO, config)], []))
   assert plan["num_replicas"] >= 1 and plan["total_steps"] > 0

@@ -1,11 +1,16 @@
 """Training regimes: local SGD, compressed gradients and gossip against sync, and their parts."""
 
+import concurrent.futures
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from replibench import engine
+from replibench.compiler import compile_experiment
+from replibench.compiler.plan import format_plan, make_plan
 from replibench.engine import collectives, regimes
 from replibench.engine.regimes import compressed, gossip
 from replibench.errors import UserError
@@ -51,7 +56,7 @@ class _Run:
     def input_fn(ctx):
       ds = tf.data.Dataset.from_tensor_slices((x, y))
       ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
+      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).repeat()
 
     if self.replicator is not None:
       self.train = self.replicator.compile(self._step_fn, input_fn, GLOBAL_BATCH)
@@ -161,6 +166,32 @@ def test_local_sgd_replicas_agree_only_after_averaging():
       assert not np.allclose(kernel[0], kernel[1]), f"replicas equal after step {step}"
   state = sum(v.numpy().size * 4 for v in run.model.trainable_variables) * 2  # + momenta
   assert bytes_sent == [0, 0, state, 0, 0]
+
+
+def test_local_steps_take_embedding_gradients():
+  """IndexedSlices gradients (embeddings) get the local step's scaling too."""
+  finals = []
+  for regime in (regimes.Sync(), regimes.LocalSGD(sync_every=1)):
+    replicator = engine.Replicator(engine.Local(num_replicas=2, device="cpu"), regime)
+    with replicator.scope():
+      table = keras.Variable(np.linspace(-1, 1, 18, dtype=np.float32).reshape(6, 3))
+      optimizer = keras.optimizers.SGD(0.5, momentum=0.9)
+      engine.build_optimizer(optimizer, [table])
+    ids = replicator.strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant([ctx.replica_id_in_sync_group, 4]))
+
+    def step(rows, table=table, optimizer=optimizer):
+      with tf.GradientTape() as tape:
+        loss = engine.average_loss(tf.reduce_sum(tf.square(tf.gather(table, rows)), axis=1), 4)
+      grads = tape.gradient(loss, [table])
+      assert isinstance(grads[0], tf.IndexedSlices)
+      engine.apply_gradients(optimizer, grads, [table])
+
+    train = tf.function(lambda rows, r=replicator, s=step: r.run(s, rows))
+    train(ids)
+    train(ids)
+    finals.append([c.numpy() for c in replicator.strategy.experimental_local_results(table.value)])
+  np.testing.assert_allclose(finals[1], finals[0], rtol=1e-6, atol=1e-7)
 
 
 def test_gossip_ring_mixes_keeping_the_mean():
@@ -292,26 +323,54 @@ def test_bad_settings_are_user_errors(make):
 
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
-
-
-@pytest.mark.parametrize("regime,bindings,tags", [
+HARNESS_CASES = [
     ("LocalSGD", ["regimes.LocalSGD.sync_every = 2"], ["regime/bytes_communicated"]),
     ("Compressed", ["regimes.Compressed.bits = 8"],
      ["regime/bytes_communicated", "regime/compression_ratio"]),
     ("Gossip", ["regimes.Gossip.graph = 'ring'"],
      ["regime/bytes_communicated", "regime/consensus_distance"]),
-])
-def test_regime_runs_through_the_harness(tmp_path, regime, bindings, tags):
-  flags = [f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
-           *(f"--gin_bindings={b}" for b in [*helpers.TINY[CONFIG],
-                                             f"Experiment.regime = @regimes.{regime}()",
-                                             *bindings])]
-  plan = helpers.cli("plan", *flags)
-  assert plan.returncode == 0, plan.stderr[-3000:]
-  assert "regime" in plan.stdout and "bytes_communicated_per_step" in plan.stdout
-  run = helpers.cli("run", *flags, "--max_steps=3", f"--workdir={tmp_path}")
-  assert run.returncode == 0, run.stderr[-3000:]
-  assert helpers.result(tmp_path)["status"] == "budget_exhausted"
-  events = helpers.event_tags(tmp_path)
+]
+
+
+def _bindings(regime, extra):
+  return [*helpers.TINY[CONFIG], f"Experiment.regime = @regimes.{regime}()", *extra]
+
+
+@pytest.mark.parametrize("regime,bindings,tags", HARNESS_CASES)
+def test_plan_shows_the_regime(regime, bindings, tags):
+  del tags
+  files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
+  plan = make_plan(compile_experiment(files, _bindings(regime, bindings)))
+  assert plan["regime"].startswith(getattr(regimes, regime).name)
+  assert 0 < plan["bytes_communicated_per_step"] <= 2 * plan["allreduce_bytes_per_step"]
+  assert "bytes_communicated_per_step" in format_plan(plan)
+
+
+@pytest.fixture(scope="module")
+def harness_runs(tmp_path_factory):
+  """{regime: workdir} after two training steps of each regime through `replibench run`.
+
+  The runs are mostly process start-up and tracing; they go side by side.
+  """
+  def run(case):
+    regime, bindings, _ = case
+    workdir = tmp_path_factory.mktemp(regime)
+    done = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
+                       *(f"--gin_bindings={b}" for b in _bindings(regime, bindings)),
+                       "--max_steps=2", f"--workdir={workdir}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return regime, workdir
+
+  with concurrent.futures.ThreadPoolExecutor(len(HARNESS_CASES)) as pool:
+    return dict(pool.map(run, HARNESS_CASES))
+
+
+@pytest.mark.parametrize("regime,bindings,tags", HARNESS_CASES)
+def test_regime_runs_through_the_harness(harness_runs, regime, bindings, tags):
+  del bindings
+  workdir = harness_runs[regime]
+  result = helpers.result(workdir)
+  assert result["status"] == "budget_exhausted" and result["final_step"] == 2
+  events = helpers.event_tags(workdir)
   for tag in tags:
     assert f"train/{tag}" in events, sorted(events)

@@ -1,7 +1,6 @@
 """Sweep files, trial expansion and naming, resumption, the HParams config."""
 
 import os
-import shutil
 import sys
 import textwrap
 
@@ -78,19 +77,19 @@ def test_trial_command_in_process_and_through_launch(tmp_path):
   assert launch[9] == "run" and launch[-1] == "--workdir=/w/t2"
 
 
-def test_the_scaling_sweep_has_five_setups_times_three_seeds(tmp_path):
-  # A copy beside stub gin files, so the test does not depend on the real configs.
-  (tmp_path / "resnet").mkdir()
-  (tmp_path / "topology").mkdir()
-  for gin in ("resnet/fashion_mnist.gin", "topology/local1.gin", "topology/local2.gin",
-              "topology/local4.gin", "topology/workers.gin"):
-    (tmp_path / gin).write_text("")
-  shutil.copy(os.path.join(REPO, "configs/resnet/scaling.sweep"), tmp_path / "resnet")
-  trials = sweep_file.expand(sweep_file.load(str(tmp_path / "resnet/scaling.sweep")))
+def test_the_scaling_sweep_has_five_setups_times_three_seeds():
+  trials = sweep_file.expand(sweep_file.load(os.path.join(REPO, "configs/resnet/scaling.sweep")))
   assert len(trials) == 15
   assert sorted({t.config for t in trials}) == [
       "replicas=1", "replicas=2", "replicas=4", "workers=1", "workers=2"]
   assert {t.launch.workers for t in trials if t.config.startswith("workers")} == {1, 2}
+
+
+def test_a_point_with_ps_launches_a_chief_and_parameter_servers():
+  trials = sweep_file.expand(sweep_file.load(os.path.join(REPO, "configs/resnet/regimes.sweep")))
+  (trial,) = [t for t in trials if t.config == "async_ps" and t.seed == 1]
+  command = sweep.trial_command(trial, "/tmp/x")
+  assert command[3:11] == ["launch", "--workers", "4", "--cpus_per_worker", "0", "--ps", "1", "--"]
 
 
 @pytest.mark.parametrize("text, key", [

@@ -107,6 +107,7 @@ class _Run:
       meter.trained(exp.steps_per_call, time.monotonic() - t0)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
+      self._accumulate_regime_metrics(outputs)
       loss = float(outputs["loss"])
       if not math.isfinite(loss):
         status = "diverged"
@@ -131,6 +132,16 @@ class _Run:
     if status != "diverged":
       self.save()
     return self._finish(status, reached_at, meter)
+
+  def _accumulate_regime_metrics(self, outputs: dict) -> None:
+    # The regime's per-step scalars (bytes sent, consensus distance, staleness),
+    # averaged over the whole run for result.json; kept in progress.json so a
+    # resumed run continues the average.
+    sums = self.state.setdefault("regime_sums", {})
+    for key, value in outputs.items():
+      if key.startswith("regime/"):
+        total, count = sums.get(key, (0.0, 0))
+        sums[key] = (total + float(value), count + 1)
 
   def _log_train(self, step: int, outputs: dict, meter, now: float) -> None:
     values = {f"train/{k}": float(v) for k, v in outputs.items()}
@@ -175,6 +186,9 @@ class _Run:
         "final_metrics": self.state.get("last_eval"),
         "metrics_at_target": self.state.get("at_target") if status == "reached" else None,
         "examples_per_s": meter.examples_per_s(),
+        "regime": exp.regime.hparams(),
+        "regime_metrics": {k: total / count
+                           for k, (total, count) in self.state.get("regime_sums", {}).items()},
         "budget": {"total_steps": exp.total_steps, "limit": self.limit},
         "curve": curve, **self.describe(),
         "operative_config": self.operative_config, **provenance.versions(),
@@ -196,7 +210,7 @@ class _Run:
     return {"topology": exp.topology.describe(), "scaling_kind": exp.topology.kind,
             "num_replicas": self.replicator.num_replicas,
             "global_batch_size": exp.global_batch_size, "seed": exp.seed,
-            **self.workload.hparams()}
+            **exp.regime.hparams(), **self.workload.hparams()}
 
   def _report_hparams(self, result: dict) -> None:
     step = result["final_step"]

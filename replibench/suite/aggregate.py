@@ -66,6 +66,7 @@ class SeedRun:
   final_metric: float | None
   total_s: float | None
   curve: list[list[float]]                # [[step, seconds_since_run_start, metric], ...]
+  bytes_per_step: float | None = None     # the regime's bytes sent per replica and step
 
   @property
   def converged(self) -> bool:
@@ -87,6 +88,7 @@ class ConfigRow:
   epochs_to_target: Stats | None = None
   examples_per_s: Stats | None = None
   final_metric: Stats | None = None
+  bytes_per_step: Stats | None = None
   reference: str | None = None            # the 1-replica config of the same kind
   efficiency: float | None = None         # throughput_N / (N * throughput_1)
   speedup: float | None = None            # time_to_target_1 / time_to_target_N
@@ -112,7 +114,8 @@ def seed_run(trial: str, result: dict[str, Any]) -> SeedRun:
       examples_per_s=result.get("examples_per_s"),
       final_metric=result.get("final_metric"),
       total_s=result.get("total_s"),
-      curve=[list(p) for p in result.get("curve") or []])
+      curve=[list(p) for p in result.get("curve") or []],
+      bytes_per_step=(result.get("regime_metrics") or {}).get("regime/bytes_communicated"))
 
 
 def summarize(row: ConfigRow) -> None:
@@ -124,6 +127,7 @@ def summarize(row: ConfigRow) -> None:
   row.epochs_to_target = mean_stats([s.epochs_to_target for s in converged])
   row.examples_per_s = mean_stats([s.examples_per_s for s in finished])
   row.final_metric = mean_stats([s.final_metric for s in finished])
+  row.bytes_per_step = mean_stats([s.bytes_per_step for s in finished])
 
 
 def _reference(row: ConfigRow, rows: Sequence[ConfigRow]) -> ConfigRow | None:
@@ -161,6 +165,6 @@ def row_from_dict(d: dict[str, Any]) -> ConfigRow:
   d = {k: v for k, v in d.items() if k in fields}
   d["seeds"] = [SeedRun(**s) for s in d["seeds"]]
   for key in ("time_to_target_s", "steps_to_target", "epochs_to_target",
-              "examples_per_s", "final_metric"):
+              "examples_per_s", "final_metric", "bytes_per_step"):
     d[key] = _stats_or_none(d.get(key))
   return ConfigRow(**d)

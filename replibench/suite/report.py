@@ -150,15 +150,30 @@ TABLE_HEADER = ("config", "scaling", "N", "converged", "time to target (s)", "st
                 "epochs", "examples/s", "efficiency", "speed-up", "final metric")
 
 
+BYTES_HEADER = "bytes/step"
+
+
+def _has_bytes(report: Report) -> bool:
+  """Whether any configuration ran a regime that reports bytes communicated."""
+  return any(c.bytes_per_step is not None for c in report.configs)
+
+
+def table_header(report: Report) -> tuple[str, ...]:
+  return TABLE_HEADER + ((BYTES_HEADER,) if _has_bytes(report) else ())
+
+
 def table_rows(report: Report) -> list[tuple[str, ...]]:
-  """One tuple of cell strings per configuration, matching TABLE_HEADER."""
+  """One tuple of cell strings per configuration, matching table_header(report)."""
   rows = []
   for c in report.configs:
     mark = "" if c.converged == c.n else " *"
-    rows.append((c.config, c.scaling_kind, str(c.num_replicas), f"{c.converged}/{c.n}{mark}",
-                 _stat(c.time_to_target_s), _stat(c.steps_to_target, "{:.0f}"),
-                 _stat(c.epochs_to_target, "{:.2f}"), _stat(c.examples_per_s, "{:.0f}"),
-                 _ratio(c.efficiency), _ratio(c.speedup), _stat(c.final_metric, "{:.4f}")))
+    row = (c.config, c.scaling_kind, str(c.num_replicas), f"{c.converged}/{c.n}{mark}",
+           _stat(c.time_to_target_s), _stat(c.steps_to_target, "{:.0f}"),
+           _stat(c.epochs_to_target, "{:.2f}"), _stat(c.examples_per_s, "{:.0f}"),
+           _ratio(c.efficiency), _ratio(c.speedup), _stat(c.final_metric, "{:.4f}"))
+    if _has_bytes(report):
+      row += ("-" if c.bytes_per_step is None else f"{c.bytes_per_step.mean:,.0f}",)
+    rows.append(row)
   return rows
 
 
@@ -171,6 +186,10 @@ def _notes(report: Report) -> list[str]:
            "converged seeds only.",
            "Efficiency = examples/s at N replicas / (N x examples/s of the 1-replica "
            "configuration of the same scaling kind); speed-up = its time to target / this one's."]
+  if _has_bytes(report):
+    notes.append("bytes/step: what the training regime sends per replica and step "
+                 "(regime/bytes_communicated, averaged over the run); compressed formats are "
+                 "counted at their wire size.")
   kinds = sorted({c.scaling_kind for c in report.configs})
   notes += [f"{k}: {aggregate.SCALING_KINDS.get(k, k)}." for k in kinds]
   return notes
@@ -180,7 +199,7 @@ def format_table(report: Report) -> str:
   """The report as a fixed-width text table with notes, for the terminal."""
   lines = [f"{report.workload}: {report.target_metric} target {report.target}"]
   lines += [f"warning: {w}" for w in report.warnings]
-  lines += text_table([TABLE_HEADER, *table_rows(report)])
+  lines += text_table([table_header(report), *table_rows(report)])
   return "\n".join(lines + [""] + _notes(report))
 
 
@@ -207,8 +226,8 @@ def format_markdown(report: Report, images: dict[str, str]) -> str:
            f"{', ' + ', '.join(machine['accelerators']) if machine.get('accelerators') else ''}",
            f"- Sweep: `{report.sweep_dir}`, report made {report.created}",
            *(f"- **Warning**: {w}" for w in report.warnings), "",
-           "| " + " | ".join(TABLE_HEADER) + " |",
-           "|" + "|".join("---" for _ in TABLE_HEADER) + "|"]
+           "| " + " | ".join(table_header(report)) + " |",
+           "|" + "|".join("---" for _ in table_header(report)) + "|"]
   lines += ["| " + " | ".join(r).replace("*", r"\*") + " |" for r in table_rows(report)]
   lines += [""] + [n.replace("*", r"\*") + "  " for n in _notes(report)] + [""]
   for title, file in images.items():

@@ -21,6 +21,7 @@ a 4-byte float32 scale per tensor (bits), 8 bytes per kept entry (float32
 value + int32 index; top_k), against 4 bytes per entry under Sync
 ('regime/compression_ratio' = Sync bytes / these).
 
+Sparse (IndexedSlices, embedding) gradients are compressed as dense tensors.
 The residuals are not checkpointed (a per-replica variable has no single saved
 value): a resumed run restarts error feedback from zero.
 """

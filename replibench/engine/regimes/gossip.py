@@ -45,7 +45,7 @@ def random_partner(replica: tf.Tensor, n: int, seed: tf.Tensor) -> tf.Tensor:
 
   seed: int64 [2]; the same seed gives every replica the same matching.
   """
-  order = tf.argsort(tf.random.stateless_uniform([n], seed=seed), output_type=tf.int32)
+  order = tf.cast(tf.argsort(tf.random.stateless_uniform([n], seed=seed)), tf.int32)
   paired = n - n % 2
   # Consecutive entries of the random order pair up: swap within each pair.
   swapped = tf.reshape(tf.reverse(tf.reshape(order[:paired], [-1, 2]), axis=[1]), [-1])
@@ -108,12 +108,14 @@ class Gossip(Regime):
   def describe(self, gradient_bytes, num_replicas):
     facts = {"regime": f"{self.name}(graph={self.graph!r})"}
     if gradient_bytes is not None:
-      neighbours = {"ring": min(num_replicas - 1, 2), "random": 1 if num_replicas > 1 else 0,
-                    "complete": num_replicas - 1}[self.graph]
+      n = num_replicas
+      # random: with an odd count one replica per step has no partner.
+      neighbours = {"ring": min(n - 1, 2), "random": (n - n % 2) / n,
+                    "complete": n - 1}[self.graph]
       # Point-to-point bytes each replica sends: parameters only; each optimizer
       # slot (e.g. momentum) adds as much again.
-      facts["bytes_communicated_per_step"] = neighbours * gradient_bytes
+      facts["bytes_communicated_per_step"] = round(neighbours * gradient_bytes)
     return facts
 
   def hparams(self):
-    return {"regime": self.name, "graph": self.graph, "seed": self.seed}
+    return {"regime": self.name, "graph": self.graph, "gossip_seed": self.seed}

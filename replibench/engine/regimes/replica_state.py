@@ -58,7 +58,14 @@ def apply_local(optimizer, grads: list, variables: list) -> None:
   """
   aggregation._take_over_reduction(optimizer)  # pylint: disable=protected-access
   n = float(collectives.num_replicas())
-  optimizer.apply_gradients([(g * n, v) for g, v in zip(grads, variables) if g is not None])
+  optimizer.apply_gradients([(_scaled(g, n), v) for g, v in zip(grads, variables)
+                             if g is not None])
+
+
+def _scaled(grad, factor: float):
+  if isinstance(grad, tf.IndexedSlices):   # Embedding gradients: scale the rows.
+    return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+  return grad * factor
 
 
 def read_flat(variables: list) -> tf.Tensor:
@@ -78,7 +85,8 @@ def read_flat(variables: list) -> tf.Tensor:
   targets = [tf_variable(v) for v in variables]
   dtypes = {t.dtype for t in targets}
   if len(dtypes) != 1:
-    raise TypeError(f"Replica state must share one dtype to be mixed, got {sorted(map(str, dtypes))}.")
+    raise TypeError(
+        f"Replica state must share one dtype to be mixed, got {sorted(map(str, dtypes))}.")
   return tf.concat([tf.reshape(t, [-1]) for t in targets], axis=0)
 
 
