@@ -52,6 +52,7 @@ from absl import logging
 
 from replibench.engine import topology as topology_lib
 from replibench.engine.regimes.base import Regime
+from replibench.engine.regimes.step_metrics import payload_bytes
 from replibench.errors import UserError
 
 
@@ -170,7 +171,7 @@ class AsyncPS(Regime):
   def begin_step(self):
     # Read before step_fn reads the model: the update it makes is based on this state.
     self._local.before = self._updates.read_value()
-    self._local.applied = []
+    self._local.applied, self._local.sent = [], 0
 
   def apply_gradients(self, optimizer, grads, variables):
     from replibench.engine import aggregation  # pylint: disable=import-outside-toplevel
@@ -179,12 +180,15 @@ class AsyncPS(Regime):
     optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
     # Read after the update (ordered by the variable): step_metrics counts after it.
     self._local.applied.append(tf.convert_to_tensor(optimizer.iterations))
+    # The gradient pushed to the ps (the parameters pulled back are as many again).
+    self._local.sent += payload_bytes(grads)
 
   def step_metrics(self):
     with tf.control_dependencies(self._local.applied):
       after = self._updates.assign_add(1, read_value=True)
     staleness = after - self._local.before - 1
-    return {"regime/staleness": tf.cast(staleness, tf.float32)}
+    return {"regime/staleness": tf.cast(staleness, tf.float32),
+            "regime/bytes_communicated": tf.constant(float(self._local.sent))}
 
   def compile(self, replicator, step_fn, input_fn, global_batch_size: int,
               steps_per_call: int, start_step: int) -> "AsyncStep":

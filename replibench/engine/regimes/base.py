@@ -17,6 +17,7 @@ import contextlib
 import gin
 import tensorflow as tf
 
+from replibench.engine.regimes.step_metrics import StepMetrics, payload_bytes
 from replibench.errors import UserError
 
 # A module global, not a thread-local: MirroredStrategy traces each replica's
@@ -78,13 +79,25 @@ class Regime:
 
 @gin.configurable(module="regimes")
 class Sync(Regime):
-  """Synchronous data parallelism: gradients summed over replicas once per step."""
+  """Synchronous data parallelism: gradients summed over replicas once per step.
+
+  'regime/bytes_communicated' is each replica's gradient payload per step (the
+  unit the other regimes report against; a ring all-reduce moves about twice
+  that per replica, a tree or a parameter server a similar multiple).
+  """
 
   name = "sync"
+
+  def __init__(self):
+    self._metrics = StepMetrics()
 
   def apply_gradients(self, optimizer, grads, variables):
     from replibench.engine import aggregation  # pylint: disable=import-outside-toplevel
     aggregation.sync_apply_gradients(optimizer, grads, variables)
+    self._metrics.add("regime/bytes_communicated", float(payload_bytes(grads)))
+
+  def step_metrics(self):
+    return self._metrics.take()
 
   def describe(self, gradient_bytes, num_replicas):
     return {"regime": self.name, "bytes_communicated_per_step": gradient_bytes}

@@ -34,3 +34,8 @@ class StepMetrics:
     values = self._pending()
     self._local.values = {}
     return values
+
+
+def payload_bytes(tensors) -> int:
+  """Bytes of the dense tensors a replica sends as its share of a step (None skipped)."""
+  return int(sum(t.shape.num_elements() * t.dtype.size for t in tensors if t is not None))
