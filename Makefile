@@ -19,7 +19,9 @@ STAMP := $(VENV)/.installed-stamp
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 RB := $(VENV)/bin/replibench
 WORKDIR ?= runs
-BENCH_ID ?= $(shell date +%Y%m%d-%H%M%S)
+ifndef BENCH_ID
+BENCH_ID := $(shell date +%Y%m%d-%H%M%S)
+endif
 BENCH_SUITES := resnet sngan d4pg
 SWEEP_resnet := configs/resnet/scaling.sweep
 SWEEP_sngan := configs/sngan/batch_scaling.sweep

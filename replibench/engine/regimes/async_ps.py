@@ -198,10 +198,12 @@ class AsyncPS(Regime):
 
   def describe(self, gradient_bytes, num_replicas):
     facts = {"regime": self.name}
+    del num_replicas
     if gradient_bytes is not None:
-      # Each of the W updates of a step pushes a gradient to the ps and pulls
-      # the parameters back (parameter bytes = gradient bytes).
-      facts["bytes_communicated_per_step"] = 2 * gradient_bytes * num_replicas
+      # Per worker update, as regime/bytes_communicated counts it (and as Sync
+      # counts per replica): the gradient pushed to the ps. Pulling the
+      # parameters back moves as many bytes again.
+      facts["bytes_communicated_per_step"] = gradient_bytes
     return facts
 
 
