@@ -77,7 +77,8 @@ def train_on_fixed_batch(num_replicas, pixels=False):
   for step in range(1, STEPS + 1):
     outputs = train()
     work.after_train_call(step)
-  assert set(outputs) == {"loss", "critic_loss", "policy_loss"}
+  # The workload's outputs, plus the (Sync) regime's bytes sent per replica.
+  assert set(outputs) == {"loss", "critic_loss", "policy_loss", "regime/bytes_communicated"}
   assert np.isfinite(outputs["loss"]) and outputs["loss"] == outputs["critic_loss"]
   moved = [not np.array_equal(b, v.numpy()) for b, v in zip(before, work.networks.critic.variables)]
   assert any(moved)
