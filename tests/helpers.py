@@ -60,6 +60,14 @@ def workload_configs() -> list[str]:
           if "Experiment.workload" in open(p).read()]
 
 
+def random_images(n: int) -> tuple:
+  """(x float32 [n, 8, 8, 3], y int32 [n] in [0, 10)): fixed toy data for replication tests."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  return (rng.normal(size=(n, 8, 8, 3)).astype(np.float32),
+          rng.integers(0, 10, size=(n,)).astype(np.int32))
+
+
 def derived_configs() -> dict[str, str]:
   """{config: the workload config it includes} for configs that only change budgets
   or targets of another (e.g. the bench suites' short recipes)."""

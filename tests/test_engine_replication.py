@@ -6,16 +6,10 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
+from tests import helpers
 
 GLOBAL_BATCH = 16
 STEPS = 4
-
-
-def _data():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(GLOBAL_BATCH * STEPS, 8, 8, 3)).astype(np.float32)
-  y = rng.integers(0, 10, size=(GLOBAL_BATCH * STEPS,)).astype(np.int32)
-  return x, y
 
 
 def _mlp():
@@ -41,7 +35,7 @@ def _train(build_model, num_replicas):
     model = build_model()
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9, global_clipnorm=2.0)
     optimizer.build(model.trainable_variables)
-  x, y = _data()
+  x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
 
   def input_fn(ctx):
     ds = tf.data.Dataset.from_tensor_slices((x, y))

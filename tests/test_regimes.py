@@ -26,13 +26,6 @@ TIGHT_CLIP = 0.2
 LOOSE_CLIP = 100.0
 
 
-def _data():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(GLOBAL_BATCH * STEPS, 8, 8, 3)).astype(np.float32)
-  y = rng.integers(0, 10, size=(GLOBAL_BATCH * STEPS,)).astype(np.int32)
-  return x, y
-
-
 def _mlp():
   keras.utils.set_random_seed(1)
   return keras.Sequential([
@@ -51,7 +44,7 @@ class _Run:
       self.model = _mlp()
       self.optimizer = keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=clip)
       engine.build_optimizer(self.optimizer, self.model.trainable_variables)
-    x, y = _data()
+    x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
 
     def input_fn(ctx):
       ds = tf.data.Dataset.from_tensor_slices((x, y))
@@ -120,7 +113,7 @@ def _assert_same_training(run, reference, exact):
 
 def test_tight_clip_binds():
   model = _mlp()
-  x, y = _data()
+  x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
   with tf.GradientTape() as tape:
     logits = model(x[:GLOBAL_BATCH], training=True)
     loss = tf.reduce_mean(

@@ -18,7 +18,6 @@ import gin
 import tensorflow as tf
 
 from replibench.engine.regimes.step_metrics import StepMetrics, payload_bytes
-from replibench.errors import UserError
 
 # A module global, not a thread-local: MirroredStrategy traces each replica's
 # step in a thread of its own, and those threads must see the regime too.
@@ -117,12 +116,6 @@ def activate(regime: Regime):
     yield regime
   finally:
     _ACTIVE = previous
-
-
-def require_regime(value) -> Regime:
-  if not isinstance(value, Regime):
-    raise UserError(f"Experiment.regime must be a regime such as @regimes.Sync(), got {value!r}.")
-  return value
 
 
 _DEFAULT = Sync()
