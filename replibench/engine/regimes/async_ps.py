@@ -23,12 +23,15 @@ Semantics, chosen so that sync and async numbers compare:
     are Sync's r-th global batch (every worker's pipeline computes the whole
     stream and keeps 1/W of it: a CPU cost of W times the input pipeline).
   * Collectives in step_fn see one worker (see collectives.py).
+  * Updates are atomic per variable (locked_updates): each variable's update
+    is one TF training kernel holding the locks of the variable and its slots,
+    and optimizer.iterations counts every update. Keras' own update reads,
+    then writes, and concurrent workers corrupted Adam's slots (the SN-GAN
+    diverged at W = 4). Only SGD and Adam are wired; others are refused.
   * Staleness ('regime/staleness', mean per call): replica steps of other
     workers that completed between a step's start (its read of the variables)
-    and its own update. It uses an atomic counter on the ps, not
-    optimizer.iterations: Keras increments that with a read and an assign, so
-    concurrent updates can lose increments (it undercounts a little, and the
-    learning-rate schedule, which reads it, lags by as much).
+    and its own update, counted on one atomic counter on the ps (a workload
+    may step several optimizers per replica step).
   * Each call schedules steps_per_call * W updates and waits for all of them:
     a barrier per call, where evaluation and checkpoints happen. A larger
     Experiment.steps_per_call leaves the workers more asynchronous.
@@ -51,6 +54,7 @@ import tensorflow as tf
 from absl import logging
 
 from replibench.engine import topology as topology_lib
+from replibench.engine.regimes import locked_updates
 from replibench.engine.regimes.base import Regime
 from replibench.engine.regimes.step_metrics import payload_bytes
 from replibench.errors import UserError
@@ -161,6 +165,7 @@ class AsyncPS(Regime):
 
   def build_optimizer(self, optimizer, variables):
     optimizer.build(variables)
+    locked_updates.make_updates_atomic(optimizer)
     # The schedule's steps are harness steps: W updates each. Keras keeps the
     # schedule in a private attribute; the public setter takes the wrapped one.
     schedule = optimizer._learning_rate   # pylint: disable=protected-access

@@ -1,0 +1,96 @@
+"""Optimizer updates that are atomic under concurrent writers (regimes.AsyncPS).
+
+Keras 3 optimizers update a variable and its slots with separate reads and
+writes: Adam computes `v += (g^2 - v) * (1 - beta_2)` from a read of v, then
+adds. When W workers update the same parameter-server variables at once,
+another worker's write lands between that read and the add, and the update is
+computed from a stale slot: with W = 4, Adam's v is decayed several times over
+and can approach zero (or fall below it), so m / sqrt(v) explodes and the run
+diverges (the SN-GAN did, in ~15 steps). The iteration counter has the same
+race (KerasVariable.assign_add is a read and an assign), so counts were lost.
+
+This module rewires an optimizer so that each variable's update is one of
+TensorFlow's training kernels run with use_locking=True: the kernel holds the
+locks of the variable and its slots while it reads and writes them (as TF1's
+asynchronous parameter servers did), and the iteration counter is incremented
+with one atomic add. The arithmetic is Keras's own (same formulas, same slots),
+so a checkpoint is interchangeable with the synchronous regimes'. Gradients are
+still computed from parameters read before other workers' updates: that is the
+staleness asynchronous training has by design, not a race.
+"""
+
+import keras
+import tensorflow as tf
+
+from replibench.errors import UserError
+
+
+def _handles(optimizer, variable, *slot_lists):
+  """The resource handles of this variable's slots, in the order of slot_lists."""
+  index = optimizer._get_variable_index(variable)   # pylint: disable=protected-access
+  return [slots[index].value.handle for slots in slot_lists]
+
+
+def _adam_update(optimizer):
+  def update_step(gradient, variable, learning_rate):
+    dtype = variable.dtype
+    cast = lambda x: tf.cast(x, dtype)
+    step = cast(optimizer.iterations + 1)
+    beta_1, beta_2 = cast(optimizer.beta_1), cast(optimizer.beta_2)
+    kwargs = dict(var=variable.handle, beta1_power=beta_1**step, beta2_power=beta_2**step,
+                  lr=cast(learning_rate), beta1=beta_1, beta2=beta_2,
+                  epsilon=cast(optimizer.epsilon), grad=cast(tf.convert_to_tensor(gradient)),
+                  use_locking=True)
+    if optimizer.amsgrad:
+      m, v, v_hat = _handles(optimizer, variable, optimizer._momentums,  # pylint: disable=protected-access
+                             optimizer._velocities, optimizer._velocity_hats)  # pylint: disable=protected-access
+      return tf.raw_ops.ResourceApplyAdamWithAmsgrad(m=m, v=v, vhat=v_hat, **kwargs)
+    m, v = _handles(optimizer, variable, optimizer._momentums, optimizer._velocities)  # pylint: disable=protected-access
+    return tf.raw_ops.ResourceApplyAdam(m=m, v=v, **kwargs)
+
+  return update_step
+
+
+def _sgd_update(optimizer):
+  def update_step(gradient, variable, learning_rate):
+    dtype = variable.dtype
+    lr, grad = tf.cast(learning_rate, dtype), tf.cast(tf.convert_to_tensor(gradient), dtype)
+    if optimizer.momentum == 0:
+      return tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=grad,
+                                                     use_locking=True)
+    # Keras' SGD: m = momentum * m - lr * g; var += m (or the Nesterov form).
+    accum, = _handles(optimizer, variable, optimizer.momentums)
+    return tf.raw_ops.ResourceApplyKerasMomentum(
+        var=variable.handle, accum=accum, lr=lr, grad=grad,
+        momentum=tf.cast(optimizer.momentum, dtype), use_locking=True,
+        use_nesterov=optimizer.nesterov)
+
+  return update_step
+
+
+def _atomic_increment(counter):
+  """KerasVariable.assign_add reads and then assigns; the tf.Variable's is one atomic op."""
+  return lambda delta: counter.value.assign_add(tf.cast(delta, counter.dtype))
+
+
+def make_updates_atomic(optimizer) -> None:
+  """Rewires a built Keras SGD or Adam (AdamW, ...) to update with locking kernels.
+
+  Raises UserError for other optimizers (and subclasses with their own
+  update_step), whose update this module does not implement: they would race
+  under asynchronous workers.
+  """
+  # A subclass that overrides update_step computes something else: not wired.
+  update = type(optimizer).update_step
+  if update is keras.optimizers.Adam.update_step:
+    optimizer.update_step = _adam_update(optimizer)
+  elif update is keras.optimizers.SGD.update_step:
+    optimizer.update_step = _sgd_update(optimizer)
+  else:
+    raise UserError(
+        f"Experiment.regime = @regimes.AsyncPS() applies each worker's update with "
+        f"TensorFlow's locking training kernels, which replibench wires for Keras SGD and "
+        f"Adam (and their subclasses, e.g. AdamW); the workload's optimizer is "
+        f"{type(optimizer).__name__}, whose read-then-write update would race between "
+        f"workers. Use SGD or Adam, or a synchronous regime.")
+  optimizer._iterations.assign_add = _atomic_increment(optimizer._iterations)  # pylint: disable=protected-access
