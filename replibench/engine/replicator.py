@@ -153,8 +153,8 @@ class Replicator:
     """step_fn as each replica runs it: under the regime, which adds its metrics."""
     def replica_fn(*a, **kw):
       with regimes.activate(self.regime):
-        self.regime.begin_step()
-        outputs = step_fn(*a, **kw)
+        with tf.control_dependencies(self.regime.begin_step()):
+          outputs = step_fn(*a, **kw)
         if isinstance(outputs, dict):
           outputs = {**outputs, **self.regime.step_metrics()}
       return outputs

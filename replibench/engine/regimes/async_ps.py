@@ -174,9 +174,12 @@ class AsyncPS(Regime):
       optimizer.learning_rate = _StepsOfUpdates(schedule, max(1, self.asynchronous_workers))
 
   def begin_step(self):
-    # Read before step_fn reads the model: the update it makes is based on this state.
+    # Read before step_fn reads the model (the update it makes is based on that
+    # state). The returned dependency enforces the order: without it the read,
+    # which nothing else in the step waits for, may run as late as the update.
     self._local.before = self._updates.read_value()
     self._local.applied, self._local.sent = [], 0
+    return [self._local.before]
 
   def apply_gradients(self, optimizer, grads, variables):
     from replibench.engine import aggregation  # pylint: disable=import-outside-toplevel

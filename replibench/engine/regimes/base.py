@@ -43,8 +43,12 @@ class Regime:
     """On a process that only serves the regime's cluster (e.g. a parameter server),
     runs that server and never returns; on processes that train, returns at once."""
 
-  def begin_step(self) -> None:
-    """Called inside the replicated step just before step_fn (e.g. to read a counter)."""
+  def begin_step(self) -> list:
+    """Called inside the replicated step just before step_fn (e.g. to read a counter).
+
+    Returns tensors that every op of step_fn must run after (default none).
+    """
+    return []
 
   def make_strategy(self, topology) -> tf.distribute.Strategy:
     """The tf.distribute strategy this regime runs on (the topology's, by default)."""
