@@ -5,8 +5,8 @@ writes: Adam computes `v += (g^2 - v) * (1 - beta_2)` from a read of v, then
 adds. When W workers update the same parameter-server variables at once,
 another worker's write lands between that read and the add, and the update is
 computed from a stale slot: with W = 4, Adam's v is decayed several times over
-and can approach zero (or fall below it), so m / sqrt(v) explodes and the run
-diverges (the SN-GAN did, in ~15 steps). The iteration counter has the same
+and can approach zero, so m / sqrt(v) explodes and the run diverges (the
+SN-GAN did, in ~15 steps). The iteration counter has the same
 race (KerasVariable.assign_add is a read and an assign), so counts were lost.
 
 This module rewires an optimizer so that each variable's update is one of
