@@ -345,9 +345,13 @@ def harness_runs(tmp_path_factory):
 
   The runs are mostly process start-up and tracing; they go side by side.
   """
+  # Made here, not in the threads: the factory's first mktemp of a session
+  # creates its base directory, and concurrent first calls race there.
+  workdirs = {regime: tmp_path_factory.mktemp(regime) for regime, _, _ in HARNESS_CASES}
+
   def run(case):
     regime, bindings, _ = case
-    workdir = tmp_path_factory.mktemp(regime)
+    workdir = workdirs[regime]
     done = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
                        *(f"--gin_bindings={b}" for b in _bindings(regime, bindings)),
                        "--max_steps=2", f"--workdir={workdir}")
