@@ -38,8 +38,22 @@ def _trained(make_optimizer, atomic: bool, steps: int = 5) -> list:
   return [v.numpy() for v in [*variables, *optimizer.variables]]
 
 
+def _locking_flags(optimizer) -> list:
+  """use_locking of each ResourceApply* op in one traced apply_gradients of a rewired
+  optimizer."""
+  variable = keras.Variable(np.zeros(3, np.float32))
+  optimizer.build([variable])
+  locked_updates.make_updates_atomic(optimizer)
+  update = tf.function(lambda: optimizer.apply_gradients([(tf.ones(3), variable)]))
+  ops = update.get_concrete_function().graph.get_operations()
+  return [op.get_attr("use_locking") for op in ops if op.type.startswith("ResourceApply")]
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_locking_kernels_compute_keras_updates(name):
+  # The rewired optimizer does update through a locking kernel...
+  assert _locking_flags(OPTIMIZERS[name]()) == [True]
+  # ...and computes what Keras' own update computes.
   keras_values = _trained(OPTIMIZERS[name], atomic=False)
   locked_values = _trained(OPTIMIZERS[name], atomic=True)
   assert len(keras_values) == len(locked_values) > 3
