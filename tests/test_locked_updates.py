@@ -88,7 +88,8 @@ def test_concurrent_updates_lose_nothing():
     t.join()
   n = 1 + threads * per_thread
   assert int(optimizer.iterations.numpy()) == n
-  m, v = (s.numpy() for s in (optimizer._momentums[0], optimizer._velocities[0]))  # pylint: disable=protected-access
+  slots = optimizer._momentums + optimizer._velocities   # pylint: disable=protected-access
+  m, v = (slot.numpy() for slot in slots)
   np.testing.assert_allclose(m, 0.5 * (1 - 0.5**n), rtol=1e-5)
   np.testing.assert_allclose(v, 0.25 * (1 - 0.9**n), rtol=1e-5)
 

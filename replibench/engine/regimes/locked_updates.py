@@ -25,13 +25,15 @@ import tensorflow as tf
 from replibench.errors import UserError
 
 
-def _handles(optimizer, variable, *slot_lists):
-  """The resource handles of this variable's slots, in the order of slot_lists."""
+def _slot_handles(optimizer, variable, *slot_lists: str) -> list:
+  """Resource handles of this variable's slots in the optimizer's named slot lists."""
   index = optimizer._get_variable_index(variable)   # pylint: disable=protected-access
-  return [slots[index].value.handle for slots in slot_lists]
+  return [getattr(optimizer, name)[index].value.handle for name in slot_lists]
 
 
 def _adam_update(optimizer):
+  """Keras Adam's update_step (AMSGrad too) as one ResourceApplyAdam* kernel per variable."""
+
   def update_step(gradient, variable, learning_rate):
     dtype = variable.dtype
     cast = lambda x: tf.cast(x, dtype)
@@ -42,16 +44,18 @@ def _adam_update(optimizer):
                   epsilon=cast(optimizer.epsilon), grad=cast(tf.convert_to_tensor(gradient)),
                   use_locking=True)
     if optimizer.amsgrad:
-      m, v, v_hat = _handles(optimizer, variable, optimizer._momentums,  # pylint: disable=protected-access
-                             optimizer._velocities, optimizer._velocity_hats)  # pylint: disable=protected-access
+      m, v, v_hat = _slot_handles(optimizer, variable, "_momentums", "_velocities",
+                                  "_velocity_hats")
       return tf.raw_ops.ResourceApplyAdamWithAmsgrad(m=m, v=v, vhat=v_hat, **kwargs)
-    m, v = _handles(optimizer, variable, optimizer._momentums, optimizer._velocities)  # pylint: disable=protected-access
+    m, v = _slot_handles(optimizer, variable, "_momentums", "_velocities")
     return tf.raw_ops.ResourceApplyAdam(m=m, v=v, **kwargs)
 
   return update_step
 
 
 def _sgd_update(optimizer):
+  """Keras SGD's update_step (momentum, Nesterov) as one locking kernel per variable."""
+
   def update_step(gradient, variable, learning_rate):
     dtype = variable.dtype
     lr, grad = tf.cast(learning_rate, dtype), tf.cast(tf.convert_to_tensor(gradient), dtype)
@@ -59,7 +63,7 @@ def _sgd_update(optimizer):
       return tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=grad,
                                                      use_locking=True)
     # Keras' SGD: m = momentum * m - lr * g; var += m (or the Nesterov form).
-    accum, = _handles(optimizer, variable, optimizer.momentums)
+    accum, = _slot_handles(optimizer, variable, "momentums")
     return tf.raw_ops.ResourceApplyKerasMomentum(
         var=variable.handle, accum=accum, lr=lr, grad=grad,
         momentum=tf.cast(optimizer.momentum, dtype), use_locking=True,
@@ -93,4 +97,5 @@ def make_updates_atomic(optimizer) -> None:
         f"Adam (and their subclasses, e.g. AdamW); the workload's optimizer is "
         f"{type(optimizer).__name__}, whose read-then-write update would race between "
         f"workers. Use SGD or Adam, or a synchronous regime.")
-  optimizer._iterations.assign_add = _atomic_increment(optimizer._iterations)  # pylint: disable=protected-access
+  counter = optimizer._iterations   # pylint: disable=protected-access
+  counter.assign_add = _atomic_increment(counter)
