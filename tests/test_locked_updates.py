@@ -100,3 +100,11 @@ def test_unwired_optimizers_are_refused(optimizer):
   opt.build([keras.Variable(np.zeros(2, np.float32))])
   with pytest.raises(UserError, match=f"optimizer is {optimizer.__name__}.*SGD or Adam"):
     locked_updates.make_updates_atomic(opt)
+
+
+@pytest.mark.parametrize("option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}])
+def test_racing_optimizer_options_are_refused(option):
+  opt = keras.optimizers.Adam(1e-3, **option)
+  opt.build([keras.Variable(np.zeros(2, np.float32))])
+  with pytest.raises(UserError, match="use_ema or gradient_accumulation_steps"):
+    locked_updates.make_updates_atomic(opt)

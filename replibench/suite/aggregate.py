@@ -18,7 +18,7 @@ OLYMPIC_MIN_SEEDS = 5  # MLPerf: at least 5 runs, drop fastest and slowest.
 # What each scaling kind measures, for tables and plot legends.
 SCALING_KINDS = {
     "logical_replicas": "logical replicas in one process, sharing the cores",
-    "worker_processes": "worker processes, each pinned to its own cores",
+    "worker_processes": "worker processes, pinned if cpus_per_worker is set",
     "tpu": "TPU cores",
 }
 

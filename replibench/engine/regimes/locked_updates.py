@@ -6,14 +6,14 @@ adds. When W workers update the same parameter-server variables at once,
 another worker's write lands between that read and the add, and the update is
 computed from a stale slot: with W = 4, Adam's v is decayed several times over
 and can approach zero, so m / sqrt(v) explodes and the run diverges (the
-SN-GAN did, in ~15 steps). The iteration counter has the same
-race (KerasVariable.assign_add is a read and an assign), so counts were lost.
+SN-GAN did, within 20 steps). The iteration counter has the same race
+(KerasVariable.assign_add is a read and an assign), so counts were lost.
 
 This module rewires an optimizer so that each variable's update is one of
 TensorFlow's training kernels run with use_locking=True: the kernel holds the
-locks of the variable and its slots while it reads and writes them (as TF1's
-asynchronous parameter servers did), and the iteration counter is incremented
-with one atomic add. The arithmetic is Keras's own (same formulas, same slots),
+locks of the variable and its slots while it reads and writes them (TF1
+optimizers' use_locking option), and the iteration counter is incremented with
+one atomic add. Keras' weight decay is already an atomic assign_sub. The arithmetic is Keras's own (same formulas, same slots),
 so a checkpoint is interchangeable with the synchronous regimes'. Gradients are
 still computed from parameters read before other workers' updates: that is the
 staleness asynchronous training has by design, not a race.
@@ -81,9 +81,14 @@ def make_updates_atomic(optimizer) -> None:
   """Rewires a built Keras SGD or Adam (AdamW, ...) to update with locking kernels.
 
   Raises UserError for other optimizers (and subclasses with their own
-  update_step), whose update this module does not implement: they would race
-  under asynchronous workers.
+  update_step), and for EMA or gradient accumulation, whose read-then-write
+  updates this module does not replace: they would race between workers.
   """
+  if optimizer.use_ema or optimizer.gradient_accumulation_steps:
+    raise UserError(
+        f"Experiment.regime = @regimes.AsyncPS(): the workload's {type(optimizer).__name__} "
+        f"uses use_ema or gradient_accumulation_steps, whose updates would race between "
+        f"workers; turn them off or use a synchronous regime.")
   # A subclass that overrides update_step computes something else: not wired.
   update = type(optimizer).update_step
   if update is keras.optimizers.Adam.update_step:
