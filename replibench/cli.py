@@ -5,7 +5,7 @@
   replibench launch --workers N [--ps P] [--cpus_per_worker K] -- run --gin_file=... --workdir=DIR
   replibench sweep  --sweep=S [--gin_file=F] [--gin_bindings=B] --workdir=DIR [--seeds=K]
   replibench report DIR [--out=OUT]
-  replibench compare NEW --baseline=B [--factors=final_metric=0.5,...]
+  replibench compare NEW --baseline=B [--factors=final_metric=0.5,...] [--normalize]
 """
 
 import json
@@ -31,6 +31,9 @@ flags.DEFINE_string("sweep", None, "sweep: the sweep declaration (TOML, beside t
 flags.DEFINE_integer("seeds", None, "sweep: run seeds 1..K instead of the sweep file's seeds.")
 flags.DEFINE_string("out", None, "report: output directory (default DIR/report).")
 flags.DEFINE_string("baseline", None, "compare: the baseline report.json (or sweep directory).")
+flags.DEFINE_boolean("normalize", False, "compare: where the two sides' machine calibrations "
+                     "differ by more than 10%, rescale the new times and throughputs to the "
+                     "baseline's machine instead of leaving them unjudged.")
 flags.DEFINE_list("factors", [], "compare: minimum effect sizes as metric=fraction, e.g. "
                   "final_metric=0.5 for a noisy one-seed RL return (defaults: 0.1; final_metric 0.01).")
 
@@ -124,7 +127,8 @@ def cmd_compare(args) -> int:
   from replibench.suite import compare  # pylint: disable=import-outside-toplevel
   if len(args) != 1 or not FLAGS.baseline:
     raise UserError("compare: usage is `replibench compare NEW --baseline=B`.")
-  comparison = compare(args[0], FLAGS.baseline, factors=_parse_factors(FLAGS.factors))
+  comparison = compare(args[0], FLAGS.baseline, factors=_parse_factors(FLAGS.factors),
+                       normalize=FLAGS.normalize)
   print(comparison)
   return comparison.exit_code
 

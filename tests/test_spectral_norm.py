@@ -68,20 +68,26 @@ def test_gradient_is_that_of_w_over_sigma_with_u_and_v_constant():
   np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-6)
 
 
-def test_u_copies_stay_identical_when_replicas_write_different_values():
+def test_u_copies_stay_identical_when_replicas_see_different_data():
+  # u' depends only on the (replicated) kernel and u, not on the replica's batch:
+  # each replica writes its own copy (aggregation 'none', no communication) and
+  # the copies stay bit-identical.
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   with strategy.scope():
     layer = spectral_norm.SNDense(3)
     layer.build((None, 2))
+  assert layer.sn_u.aggregation == "none"
 
   @tf.function
-  def write_replica_id():
+  def forward():
     def fn():
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-      layer.sn_u.assign(tf.fill((3,), tf.cast(replica, tf.float32) + 1.0))
-    strategy.run(fn)
+      return layer(tf.fill((4, 2), tf.cast(replica, tf.float32) * 3.0 + 1.0), training=True)
+    return strategy.run(fn)
 
-  write_replica_id()
+  before = layer.sn_u.numpy()
+  for _ in range(3):
+    forward()
   copies = [c.numpy() for c in strategy.experimental_local_results(layer.sn_u.value)]
-  assert len(copies) == 2
+  assert len(copies) == 2 and not np.array_equal(copies[0], before)
   np.testing.assert_array_equal(copies[0], copies[1])

@@ -126,3 +126,76 @@ def test_baseline_of_another_workload_is_a_user_error(tmp_path):
 def test_report_of_an_empty_dir_is_a_user_error(tmp_path):
   with pytest.raises(UserError, match="no result.json"):
     build_report(str(tmp_path))
+
+
+def _on_machine(convnet_gflops, slowdown=1.0):
+  """Outcome: every trial ran on a machine of this calibration, times scaled by slowdown."""
+  def outcome(t):
+    machine = {"cpu": "AMD EPYC", "cores": 2, "isa_flags": ["avx2", "fma"], "accelerators": [],
+               "calibration": {"matmul_gflops": 2 * convnet_gflops,
+                               "convnet_gflops": convnet_gflops}}
+    n = 2 if "2" in t.config else 4 if "4" in t.config else 1
+    jitter = 1 + 0.03 * (t.seed % 3 - 1)
+    return {"machine": machine, "time_to_target_s": 100.0 / n ** 0.5 * jitter * slowdown,
+            "examples_per_s": 1000.0 * n ** 0.8 / jitter / slowdown}
+  return outcome
+
+
+def test_a_4x_faster_machine_is_flagged_not_called_an_improvement(tmp_path):
+  # The same code on an AVX-512 EPYC that trains 4x faster than the AVX2 baseline.
+  base = build_report(fake_sweep(str(tmp_path / "a"), _on_machine(40.0)))
+  new = build_report(fake_sweep(str(tmp_path / "b"), _on_machine(160.0, slowdown=0.25)))
+  result = compare(new, base)
+  time_rows = [r for r in result.rows if r.metric in ("time to target (s)", "examples/s")]
+  assert time_rows and all(r.decision.verdict == "not comparable" for r in time_rows)
+  assert "machines differ" in str(result) and result.exit_code == 0
+  assert result.count("improvement") == 0
+  steps = [r for r in result.rows if r.metric == "steps to target"]
+  assert all(r.decision.verdict == "no change" for r in steps)
+  # --normalize rescales to the baseline's machine: unchanged code, no change.
+  normalized = compare(new, base, normalize=True)
+  assert normalized.count("improvement") == normalized.count("regression") == 0
+  assert "rescaled by 4.00" in str(normalized)
+
+
+def test_a_real_slowdown_on_the_same_machine_is_still_caught(tmp_path):
+  base = build_report(fake_sweep(str(tmp_path / "a"), _on_machine(160.0)))
+  new = build_report(fake_sweep(str(tmp_path / "b"), _on_machine(165.0, slowdown=1.5)))
+  result = compare(new, base)
+  assert ("replicas=1", "time to target (s)") in {(r.config, r.metric)
+                                                  for r in result.regressions}
+
+
+def test_a_baseline_without_calibration_judges_no_time(tmp_path):
+  base = build_report(fake_sweep(str(tmp_path / "a")))
+  base.calibration = None
+  result = compare(build_report(fake_sweep(str(tmp_path / "b"), _on_machine(50.0, 2.0))), base)
+  assert result.exit_code == 0
+  assert "no machine calibration in the baseline" in str(result)
+
+
+def test_only_the_judged_metrics_can_regress(tmp_path):
+  sweep = SWEEP.replace('seed_binding = "SEED"', 'seed_binding = "SEED"\njudge = ["examples_per_s"]')
+  root = tmp_path / "judged"
+  reports = []
+  for name, outcome in (("a", lambda t: {}),
+                        ("b", lambda t: {"final_metric": 0.5, "time_to_target_s": 300.0})):
+    os.makedirs(root / name)
+    (root / name / "base.gin").write_text("")
+    (root / name / "s.sweep").write_text(sweep)
+    run_sweep([], str(root / name / "s.sweep"), str(root / name / "run"),
+              runner=fake.FakeRunner(outcome), log=lambda s: None)
+    reports.append(build_report(str(root / name / "run")))
+  assert reports[1].judged == ["examples_per_s"]
+  result = compare(reports[1], reports[0])
+  assert result.exit_code == 0 and not result.regressions
+  assert {r.decision.verdict for r in result.rows if r.metric != "examples/s"} == {"not judged"}
+
+
+def test_judge_must_name_known_metrics(tmp_path):
+  (tmp_path / "base.gin").write_text("")
+  (tmp_path / "s.sweep").write_text(SWEEP.replace('seed_binding = "SEED"',
+                                                  'seed_binding = "SEED"\njudge = ["speed"]'))
+  with pytest.raises(UserError, match="key 'judge' must list some of converged"):
+    run_sweep([], str(tmp_path / "s.sweep"), str(tmp_path / "run"),
+              runner=fake.FakeRunner(), log=lambda s: None)

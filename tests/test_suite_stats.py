@@ -82,10 +82,15 @@ def test_large_but_noisy_change_is_not_significant():
   assert "not significant" in d.note
 
 
-def test_too_few_seeds_fall_back_to_the_factor():
-  d = compare.decide([100.0], [130.0], lower_is_better=True)
-  assert d.verdict == compare.REGRESSION
-  assert d.p_value is None and "too few seeds" in d.note
+@pytest.mark.parametrize("base,new", [([100.0], [130.0]), ([1.54], [0.25]),
+                                      ([100.0, 101.0], [300.0])])
+def test_one_seed_on_a_side_gives_no_verdict_whatever_the_factor(base, new):
+  # One seed says nothing about the seed-to-seed spread (a D4PG return after 2,000
+  # learner steps moved from 1.54 to 0.25 between two seeds of one config).
+  d = compare.decide(base, new, lower_is_better=False)
+  assert d.verdict == compare.NO_VERDICT
+  assert d.p_value is None and "spread is unknown" in d.note
+  assert d.ratio == pytest.approx(sum(new) / len(new) / (sum(base) / len(base)))
 
 
 def test_config_that_stopped_converging_is_a_regression():

@@ -10,15 +10,18 @@ Public API (documented in README.md):
   layers       CrossReplicaBatchNorm (gin: @engine.cross_replica_batch_norm)
 """
 
-from replibench.engine.aggregation import (all_reduce_gradients, apply_gradients, average_loss,
+from replibench.engine.aggregation import (all_reduce_gradients, apply_gradients,
+                                           apply_gradients_jointly, average_loss,
                                            build_optimizer, sync_apply_gradients)
 from replibench.engine.collectives import all_gather, all_reduce, broadcast, num_replicas, replica_id
-from replibench.engine.layers import CrossReplicaBatchNorm, cross_replica_batch_norm
+from replibench.engine.layers import (CrossReplicaBatchNorm, PerReplicaBatchNorm,
+                                      cross_replica_batch_norm, per_replica_batch_norm)
 from replibench.engine.replicator import CompiledStep, InputContext, Replicator
 from replibench.engine.topology import Local, MultiWorker, Topology, Tpu
 
 __all__ = [
-    "all_gather", "all_reduce", "all_reduce_gradients", "apply_gradients", "average_loss",
-    "broadcast", "build_optimizer", "sync_apply_gradients", "CompiledStep", "CrossReplicaBatchNorm", "cross_replica_batch_norm", "InputContext", "Local",
+    "all_gather", "all_reduce", "all_reduce_gradients", "apply_gradients",
+    "apply_gradients_jointly", "average_loss",
+    "broadcast", "build_optimizer", "sync_apply_gradients", "CompiledStep", "CrossReplicaBatchNorm", "cross_replica_batch_norm", "per_replica_batch_norm", "PerReplicaBatchNorm", "InputContext", "Local",
     "MultiWorker", "num_replicas", "replica_id", "Replicator", "Topology", "Tpu",
 ]

@@ -50,24 +50,30 @@ class CompiledStep:
   Returns the step outputs (a dict of scalars) averaged over replicas and over
   the k steps, as host numpy values. `iterator` is checkpointable where the
   strategy supports it.
+
+  The replicated step is a tf.function of its own, called k times from a
+  tf.range loop: it is traced once (MirroredStrategy traces step_fn once per
+  replica, so a second trace would double init). Outputs are summed per replica
+  over the k steps and reduced over replicas once per call: one collective for
+  all of them, not one per output and step.
   """
 
   def __init__(self, replicator: "Replicator", step_fn, dataset, steps_per_call: int):
     self.replicator = replicator
     self.steps_per_call = steps_per_call
-    self._step_fn = step_fn
     self.iterator = iter(dataset)
+    self._replicated = tf.function(lambda batch: replicator.run(step_fn, batch))
     self._fn = tf.function(self._steps)
 
-  def _one(self):
-    outputs = self.replicator.run(self._step_fn, next(self.iterator))
-    return self.replicator.reduce(outputs, "mean")
-
   def _steps(self):
-    total = self._one()
+    strategy = self.replicator.strategy
+    total = self._replicated(next(self.iterator))
     for _ in tf.range(self.steps_per_call - 1):
-      total = tf.nest.map_structure(tf.add, total, self._one())
-    return tf.nest.map_structure(lambda t: t / self.steps_per_call, total)
+      outputs = self._replicated(next(self.iterator))
+      total = strategy.run(lambda a, b: tf.nest.map_structure(tf.add, a, b),
+                           args=(total, outputs))
+    return tf.nest.map_structure(lambda t: t / self.steps_per_call,
+                                 self.replicator.reduce(total, "mean"))
 
   def trace(self) -> None:
     """Builds the graph without running a step (part of init, not of the timed run)."""
@@ -162,7 +168,10 @@ class Replicator:
     return replica_fn
 
   def reduce(self, values, op: str = "mean"):
-    """Per-replica results to host values: 'sum', 'mean' (scalars) or 'concat'."""
+    """Per-replica results to host values: 'sum', 'mean' (scalars) or 'concat'.
+
+    Sum and mean pack the whole nest into one collective per dtype.
+    """
     if self.regime.asynchronous_workers:
       return values   # run() was inline: one pipeline, nothing to reduce.
     if op == "concat":
@@ -170,7 +179,25 @@ class Replicator:
     if op not in ("sum", "mean"):
       raise ValueError(f"reduce op must be 'sum', 'mean' or 'concat', got {op!r}.")
     reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
-    return tf.nest.map_structure(lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
+    flat = tf.nest.flatten(values)
+    return tf.nest.pack_sequence_as(values, self._reduce_flat(reduce_op, flat) if flat else [])
+
+  def _reduce_flat(self, reduce_op, flat: list) -> list:
+    """Reduces a list of per-replica tensors with one collective per dtype (packed)."""
+    results = [None] * len(flat)
+    by_dtype = {}
+    for i, v in enumerate(flat):
+      by_dtype.setdefault(self.strategy.experimental_local_results(v)[0].dtype, []).append(i)
+    for indices in by_dtype.values():
+      leaves = [flat[i] for i in indices]
+      packed = self.strategy.run(
+          lambda *xs: tf.concat([tf.reshape(x, [-1]) for x in xs], 0), args=leaves)
+      reduced = self.strategy.reduce(reduce_op, packed, axis=None)
+      shapes = [self.strategy.experimental_local_results(v)[0].shape for v in leaves]
+      parts = tf.split(reduced, [s.num_elements() for s in shapes])
+      for i, part, shape in zip(indices, parts, shapes):
+        results[i] = tf.reshape(part, shape)
+    return results
 
   def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
               steps_per_call: int = 1, start_step: int = 0) -> CompiledStep:

@@ -106,6 +106,7 @@ class MultiWorker(Topology):
   workers: int = 0
   replicas_per_worker: int = 1
   ps: int = 0
+  bytes_per_pack: int = 0   # CommunicationOptions: 0 packs all gradients in one collective.
   kind = "worker_processes"
 
   @property
@@ -134,6 +135,7 @@ class MultiWorker(Topology):
           f"topology.MultiWorker.workers = {self.workers} but TF_CONFIG lists {found} "
           f"worker task(s).")
     options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=self.bytes_per_pack,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 

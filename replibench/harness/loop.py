@@ -81,7 +81,22 @@ class _Run:
                    self.workdir, step, float(self.elapsed.numpy()))
     return state
 
+  def _begin_session(self, base: float) -> None:
+    # One entry per session (the first run and each resume): where it started, its
+    # init, and the timed seconds it added, updated at every save. A session killed
+    # between saves keeps the entry of its last save, as the checkpoint does.
+    self._session_base = base
+    self.state.setdefault("sessions", []).append(
+        {"start_step": int(self.step.numpy()), "end_step": int(self.step.numpy()),
+         "init_s": round(self.init_s, 3), "timed_s": 0.0})
+
+  def _update_session(self) -> None:
+    self.state["sessions"][-1].update(
+        end_step=int(self.step.numpy()),
+        timed_s=round(float(self.elapsed.numpy()) - self._session_base, 3))
+
   def save(self) -> None:
+    self._update_session()
     self.manager.save(checkpoint_number=int(self.step.numpy()))
     if self.chief:
       write_json(os.path.join(self.workdir, "progress.json"), self.state)
@@ -94,8 +109,10 @@ class _Run:
 
   def run(self) -> dict:
     """Trains until the target, the budget or divergence; returns result.json's dict."""
-    exp, session_start = self.experiment, time.monotonic()
-    base = float(self.elapsed.numpy())
+    exp = self.experiment
+    self.calibration = provenance.calibrate()   # Outside init and the timed span.
+    session_start, base = time.monotonic(), float(self.elapsed.numpy())
+    self._begin_session(base)
     elapsed = lambda: base + time.monotonic() - session_start  # noqa: E731
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     meter = progress.Meter(int(self.step.numpy()), self.limit, exp.global_batch_size)
@@ -170,6 +187,7 @@ class _Run:
 
   def _finish(self, status: str, reached_at: int | None, meter) -> dict:
     exp, step = self.experiment, int(self.step.numpy())
+    self._update_session()
     self.mllog.end(MLC.RUN_STOP, status="success" if status == "reached" else "aborted")
     time_to_target = float(self.elapsed.numpy()) if status == "reached" else None
     curve = self.state["curve"]
@@ -186,13 +204,16 @@ class _Run:
         "final_metrics": self.state.get("last_eval"),
         "metrics_at_target": self.state.get("at_target") if status == "reached" else None,
         "examples_per_s": meter.examples_per_s(),
+        "first_call_s": None if meter.first_call_s is None else round(meter.first_call_s, 3),
         "regime": exp.regime.hparams(),
         "regime_metrics": {k: total / count
                            for k, (total, count) in self.state.get("regime_sums", {}).items()},
         "budget": {"total_steps": exp.total_steps, "limit": self.limit},
         "curve": curve, **self.describe(),
+        "sessions": self.state.get("sessions", []),
+        "resumed": max(0, len(self.state.get("sessions", [])) - 1),
         "operative_config": self.operative_config, **provenance.versions(),
-        "machine": provenance.machine(),
+        "machine": provenance.machine(self.calibration),
     }
     self._report_hparams(result)
     return result

@@ -11,24 +11,34 @@ def _duration(seconds: float) -> str:
 
 
 class Meter:
-  """Counts training steps and their host time; formats progress lines."""
+  """Counts training steps and their host time; formats progress lines.
+
+  Throughput leaves out each session's first training call, which also builds
+  the executor and optimizes the graph (seconds for a GAN step): it is reported
+  apart as first_call_s, and still counts in the timed span.
+  """
 
   def __init__(self, start_step: int, limit: int, global_batch_size: int, window: int = 20):
     self.start_step, self.limit, self.batch = start_step, limit, global_batch_size
-    self.steps, self.train_s = 0, 0.0
+    self.steps, self.train_s = 0, 0.0      # Over the calls after the first.
+    self.first_call_s = None
     self.recent = collections.deque(maxlen=window)   # (steps, seconds) per call
     self.last_eval = None
 
   def trained(self, steps: int, seconds: float) -> None:
+    self.recent.append((steps, seconds))
+    if self.first_call_s is None:
+      self.first_call_s = seconds
+      return
     self.steps += steps
     self.train_s += seconds
-    self.recent.append((steps, seconds))
 
   def evaluated(self, step: int, value: float) -> None:
     self.last_eval = (step, value)
 
   def examples_per_s(self) -> float | None:
-    """Training throughput this session (host time of training calls only)."""
+    """Training throughput this session (host time of the training calls after the
+    first; None if there was only one)."""
     return round(self.steps * self.batch / self.train_s, 2) if self.train_s else None
 
   def recent_examples_per_s(self) -> float:
@@ -38,7 +48,7 @@ class Meter:
 
   def line(self, step: int, values: dict, elapsed: float) -> str:
     done = step - self.start_step
-    per_step = elapsed / max(step, 1) if self.start_step == 0 else self.train_s / max(done, 1)
+    per_step = elapsed / max(step, 1) if self.start_step == 0 else self.train_s / max(self.steps, 1)
     latest = (f"eval {self.last_eval[1]:.4f} @ {self.last_eval[0]}" if self.last_eval
               else "eval -")
     return (f"step {step}/{self.limit} | loss {values.get('train/loss', float('nan')):.4f} | "

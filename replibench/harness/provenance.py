@@ -1,10 +1,25 @@
-"""Where a result came from: code version, TensorFlow version and machine."""
+"""Where a result came from: code version, TensorFlow version and machine.
+
+Machines of one name differ by generation (an AVX2 and an AVX-512 EPYC, both
+"AMD EPYC", trained the same ResNet about 4x apart), so the machine record is a
+fingerprint: the ISA flags that decide which kernels TensorFlow runs, and a
+calibration measured at the start of every run (a float32 matmul and one
+training step of a small conv net, in GFLOP/s). `replibench compare` uses the
+calibration to tell whether two sweeps' times may be compared.
+"""
 
 import os
 import platform
 import subprocess
+import time
 
 import tensorflow as tf
+
+# The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd",
+             "sve", "sve2")
+CALIBRATION_KEYS = ("matmul_gflops", "convnet_gflops")
 
 
 def git_sha() -> str:
@@ -19,23 +34,88 @@ def git_sha() -> str:
     return "unknown"
 
 
-def cpu_model() -> str:
+def _cpuinfo_field(name: str) -> str | None:
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.startswith("model name"):
+        if line.split(":", 1)[0].strip() == name:
           return line.split(":", 1)[1].strip()
   except OSError:
     pass
-  return platform.processor() or platform.machine()
+  return None
 
 
-def machine() -> dict:
-  """CPU model, cores usable by this process, and accelerators TensorFlow sees."""
+def cpu_model() -> str:
+  return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def isa_flags() -> list[str]:
+  """The kernel-relevant ISA flags this CPU reports (sorted; [] where unknown)."""
+  flags = set((_cpuinfo_field("flags") or _cpuinfo_field("Features") or "").split())
+  return sorted(flags.intersection(ISA_FLAGS))
+
+
+def _best_rate(fn, flops: float, budget_s: float) -> float:
+  """Highest GFLOP/s of fn() over repeats within budget_s (after one warm-up call)."""
+  fn()
+  best, deadline = 0.0, time.perf_counter() + budget_s
+  while True:
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    best = max(best, flops / seconds / 1e9)
+    if time.perf_counter() > deadline:
+      return best
+
+
+def _matmul_rate(budget_s: float, n: int = 512) -> float:
+  a = tf.random.stateless_normal([n, n], seed=[1, 2])
+  matmul = tf.function(lambda x: tf.reduce_sum(tf.linalg.matmul(x, x)))
+  return _best_rate(lambda: matmul(a).numpy(), 2.0 * n**3, budget_s)
+
+
+def _convnet_rate(budget_s: float, batch: int = 32) -> float:
+  """One SGD step (forward + backward) of conv3x3(1->16) / conv3x3 stride 2 (16->32)
+  / dense on [batch, 28, 28, 1]; FLOPs counted analytically (backward = 2x forward)."""
+  seed = iter(range(100))
+  normal = lambda shape: tf.Variable(  # noqa: E731
+      tf.random.stateless_normal(shape, seed=[3, next(seed)]) * 0.1)
+  w1, w2, w3 = normal([3, 3, 1, 16]), normal([3, 3, 16, 32]), normal([14 * 14 * 32, 10])
+  x = tf.random.stateless_normal([batch, 28, 28, 1], seed=[4, 0])
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      h = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+      h = tf.nn.relu(tf.nn.conv2d(h, w2, 2, "SAME"))
+      loss = tf.reduce_sum(tf.square(tf.matmul(tf.reshape(h, [batch, -1]), w3)))
+    for w, g in zip((w1, w2, w3), tape.gradient(loss, [w1, w2, w3])):
+      w.assign_sub(1e-6 * g)
+    return loss
+
+  forward = 2 * batch * (28 * 28 * 9 * 16 + 14 * 14 * 9 * 16 * 32 + 14 * 14 * 32 * 10)
+  return _best_rate(lambda: step().numpy(), 3.0 * forward, budget_s)
+
+
+def calibrate(budget_s: float = 0.15) -> dict:
+  """{'matmul_gflops', 'convnet_gflops'}: this machine's speed now, in about 0.5 s.
+
+  Measured in the run's own process at its start, so it also reflects what else
+  the machine was doing. The best of several repeats, like timeit.
+  """
+  with tf.device("/CPU:0"):
+    return {"matmul_gflops": round(_matmul_rate(budget_s), 2),
+            "convnet_gflops": round(_convnet_rate(budget_s), 2)}
+
+
+def machine(calibration: dict | None = None) -> dict:
+  """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
+  sees, and the calibration measured at run start (None if none was)."""
   accelerators = [f"{d.device_type}:{tf.config.experimental.get_device_details(d).get('device_name', d.name)}"
                   for d in tf.config.list_physical_devices() if d.device_type != "CPU"]
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
-          "accelerators": accelerators}
+          "isa_flags": isa_flags(), "accelerators": accelerators,
+          "calibration": calibration}
 
 
 def versions() -> dict:

@@ -15,6 +15,11 @@ import numpy as np
 
 OLYMPIC_MIN_SEEDS = 5  # MLPerf: at least 5 runs, drop fastest and slowest.
 
+# What a sweep file's `judge` may list: convergence (k/n seeds reaching the target)
+# and the per-seed metrics compared against a baseline.
+METRICS = ("time_to_target_s", "steps_to_target", "examples_per_s", "final_metric")
+JUDGEABLE = ("converged", *METRICS)
+
 # What each scaling kind measures, for tables and plot legends.
 SCALING_KINDS = {
     "logical_replicas": "logical replicas in one process, sharing the cores",

@@ -4,10 +4,19 @@ For every configuration and metric the seeds of both sides are compared with
 Welch's t-test (two-sided, alpha 0.05) AND a minimum effect size, asv style: a
 change counts only when the means differ by more than a factor (10% by
 default; 1% for the final metric, whose useful range is narrow) in one
-direction. With fewer than 2 seeds on a side there is no test; the factor alone
-decides and the row says so. (Welch rather than Mann-Whitney: with the usual 3
-seeds per side, Mann-Whitney's smallest attainable p-value is 0.1, so it could
-never detect anything.)
+direction. With fewer than 2 seeds on a side there is no verdict: one seed
+against one seed says nothing about the seed-to-seed spread, which can exceed
+any factor (a D4PG return after 2,000 learner steps moves 20x between seeds).
+(Welch rather than Mann-Whitney: with the usual 3 seeds per side, Mann-Whitney's
+smallest attainable p-value is 0.1, so it could never detect anything.)
+
+A suite judges only the metrics its sweep file lists under `judge` (default:
+all); the others are shown without a verdict. Times and throughputs are judged
+only between runs on comparable machines: when the two sides' calibrations
+(GFLOP/s measured at each run's start, see harness/provenance.py) differ by more
+than 10%, those rows say so instead of deciding, or, with normalize=True, the
+new side is rescaled to the baseline's machine by the ratio of the conv-net
+calibrations. Steps to target, convergence and metrics are compared as they are.
 
 A configuration that no longer reaches its target is a regression; a drop in
 the converged fraction is one when Fisher's exact test finds it significant.
@@ -26,6 +35,7 @@ from scipy import stats
 
 from replibench.errors import UserError
 from replibench.suite import report as report_lib
+from replibench.suite import aggregate
 from replibench.suite.aggregate import ConfigRow
 from replibench.suite.report import Report
 
@@ -33,8 +43,14 @@ ALPHA = 0.05
 MIN_SEEDS_FOR_TEST = 2
 DEFAULT_FACTORS = {"time_to_target_s": 0.10, "steps_to_target": 0.10,
                    "examples_per_s": 0.10, "final_metric": 0.01}
+JUDGEABLE = aggregate.JUDGEABLE
 REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_AVAILABLE = (
     "regression", "improvement", "no change", "n/a")
+NO_VERDICT, NOT_JUDGED, NOT_COMPARABLE = "no verdict", "not judged", "not comparable"
+# Metrics that depend on the machine's speed (steps and metrics do not).
+MACHINE_METRICS = ("time_to_target_s", "examples_per_s")
+MACHINE_TOLERANCE = 0.10   # Calibrations further apart than this: different machines.
+NORMALIZE_KEY = "convnet_gflops"
 
 
 @dataclasses.dataclass
@@ -74,11 +90,11 @@ def decide(base: Sequence[float], new: Sequence[float], lower_is_better: bool,
   ratio = float(n.mean() / b.mean())
   worse = ratio if lower_is_better else 1 / ratio      # > 1 means worse
   if min(b.size, n.size) < MIN_SEEDS_FOR_TEST:
-    p, significant = None, True
-    note = f"too few seeds for a test ({b.size} vs {n.size}): factor alone"
-  else:
-    p = _p_value(b, n)
-    significant, note = p < alpha, ""
+    return Decision(NO_VERDICT, ratio, note=(
+        f"{b.size} vs {n.size} seed(s): the seed-to-seed spread is unknown, so no verdict; "
+        f"run --seeds={MIN_SEEDS_FOR_TEST} or more"))
+  p = _p_value(b, n)
+  significant, note = p < alpha, ""
   if significant and worse > 1 + factor:
     return Decision(REGRESSION, ratio, p, note)
   if significant and 1 / worse > 1 + factor:
@@ -152,9 +168,11 @@ class Comparison:
     lines += report_lib.text_table(cells)
     lines += [f"only in the baseline (not run): {c}" for c in self.missing_in_new]
     lines += [f"only in the new run (no baseline): {c}" for c in self.missing_in_baseline]
+    unjudged = sum(self.count(v) for v in (NOT_AVAILABLE, NO_VERDICT, NOT_JUDGED,
+                                           NOT_COMPARABLE))
     lines.append(f"{self.count(REGRESSION)} regression(s), {self.count(IMPROVEMENT)} "
-                 f"improvement(s), {self.count(NO_CHANGE)} unchanged, "
-                 f"{self.count(NOT_AVAILABLE)} not comparable; exit code {self.exit_code}")
+                 f"improvement(s), {self.count(NO_CHANGE)} unchanged, {unjudged} without a "
+                 f"verdict; exit code {self.exit_code}")
     return "\n".join(lines)
 
   def __str__(self) -> str:
@@ -199,24 +217,91 @@ def _check_same_workload(new: Report, new_src: str, base: Report, base_src: str)
           f"against results/{new.workload}/baseline.json or a report of the same workload.")
 
 
-def _warnings(new: Report, base: Report) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class MachineMatch:
+  """Whether two reports' machines may be compared on time, and the rescaling factor.
+
+  speed: new machine's conv-net GFLOP/s over the baseline's (None if either side
+  has no calibration). comparable: calibrations within MACHINE_TOLERANCE.
+  """
+  comparable: bool
+  speed: float | None
+  note: str
+
+
+def match_machines(new: Report, base: Report) -> MachineMatch:
+  new_cal, base_cal = new.calibration or {}, base.calibration or {}
+  if not all(new_cal.get(k) and base_cal.get(k) for k in (NORMALIZE_KEY, "matmul_gflops")):
+    side = "baseline" if not base_cal else "new run" if not new_cal else "either side"
+    return MachineMatch(False, None, f"no machine calibration in the {side} (recorded before "
+                        f"fingerprints existed?): re-run or re-accept the baseline")
+  ratios = {k: new_cal[k] / base_cal[k] for k in (NORMALIZE_KEY, "matmul_gflops")}
+  text = ", ".join(f"{k} {base_cal[k]:.0f} -> {new_cal[k]:.0f}" for k in ratios)
+  comparable = all(abs(r - 1) <= MACHINE_TOLERANCE for r in ratios.values())
+  note = (f"calibrations within {MACHINE_TOLERANCE:.0%} ({text})" if comparable else
+          f"machines differ: calibration {text} GFLOP/s")
+  return MachineMatch(comparable, ratios[NORMALIZE_KEY], note)
+
+
+def _rescale(values: list[float], metric: str, speed: float) -> list[float]:
+  """New-side values as they would be on the baseline's machine (speed = new / base)."""
+  return [v * speed if metric == "time_to_target_s" else v / speed for v in values]
+
+
+def _warnings(new: Report, base: Report, machines: MachineMatch, normalize: bool) -> list[str]:
   out = []
-  for key, label in (("machine", "machines"), ("tf_versions", "TensorFlow versions")):
-    if getattr(new, key) != getattr(base, key):
-      out.append(f"{label} differ (baseline {getattr(base, key)}, new {getattr(new, key)}); "
-                 f"time and throughput may not be comparable.")
+  for key, label in (("cpu", "CPU models"), ("isa_flags", "ISA flags"),
+                     ("accelerators", "accelerators")):
+    b, n = base.machine.get(key), new.machine.get(key)
+    if b is not None and n is not None and b != n:
+      out.append(f"{label} differ (baseline {b}, new {n}).")
+  if not machines.comparable:
+    if normalize and machines.speed:
+      out.append(f"{machines.note}: new times and throughputs rescaled by {machines.speed:.2f} "
+                 f"to the baseline's machine (--normalize).")
+    else:
+      out.append(f"{machines.note}: time and throughput are not judged"
+                 f"{' (--normalize rescales them)' if machines.speed else ''}.")
+  if new.tf_versions != base.tf_versions:
+    out.append(f"TensorFlow versions differ (baseline {base.tf_versions}, new "
+               f"{new.tf_versions}).")
   if new.git_shas != base.git_shas:
     out.append(f"git {', '.join(base.git_shas) or '?'} -> {', '.join(new.git_shas) or '?'}")
   return out
 
 
+def _metric_decision(metric: str, b: list[float], n: list[float], lower_is_better: bool,
+                     factor: float, alpha: float, judged: bool,
+                     machines: MachineMatch, normalize: bool) -> tuple[list[float], Decision]:
+  """(the new values as compared, the decision) for one configuration and metric."""
+  if metric in MACHINE_METRICS and not machines.comparable:
+    if normalize and machines.speed:
+      n = _rescale(n, metric, machines.speed)
+    else:
+      ratio = float(np.mean(n) / np.mean(b)) if b and n and np.mean(b) > 0 else None
+      return n, Decision(NOT_COMPARABLE, ratio, note=machines.note)
+  decision = decide(b, n, lower_is_better, factor, alpha)
+  if not judged:
+    decision = Decision(NOT_JUDGED, decision.ratio, decision.p_value,
+                        "reported only (not in the sweep file's judge list)")
+  return n, decision
+
+
 def compare(new: "str | Report", baseline: "str | Report",
-            factors: dict[str, float] | None = None, alpha: float = ALPHA) -> Comparison:
-  """Compares a new sweep (dir, report.json or Report) against a baseline report."""
+            factors: dict[str, float] | None = None, alpha: float = ALPHA,
+            normalize: bool = False) -> Comparison:
+  """Compares a new sweep (dir, report.json or Report) against a baseline report.
+
+  normalize: where the machines' calibrations differ, rescale the new side's time
+  and throughput to the baseline's machine instead of leaving them unjudged.
+  """
   new_report, new_src = _load(new)
   base_report, base_src = _load(baseline)
   _check_same_workload(new_report, new_src, base_report, base_src)
   factors = {**DEFAULT_FACTORS, **(factors or {})}
+  judged = set(new_report.judged if new_report.judged is not None
+               else base_report.judged if base_report.judged is not None else JUDGEABLE)
+  machines = match_machines(new_report, base_report)
   metrics = (("time_to_target_s", "time to target (s)", True, "{:.1f}"),
              ("steps_to_target", "steps to target", True, "{:.0f}"),
              ("examples_per_s", "examples/s", False, "{:.0f}"),
@@ -227,18 +312,22 @@ def compare(new: "str | Report", baseline: "str | Report",
     new_row = new_report.config(base_row.config)
     if new_row is None:
       continue
+    convergence = decide_convergence(base_row.converged, base_row.n, new_row.converged,
+                                     new_row.n, alpha)
+    if "converged" not in judged:
+      convergence = Decision(NOT_JUDGED, note=convergence.note)
     rows.append(Row(base_row.config, "converged", f"{base_row.converged}/{base_row.n}",
-                    f"{new_row.converged}/{new_row.n}",
-                    decide_convergence(base_row.converged, base_row.n,
-                                       new_row.converged, new_row.n, alpha)))
+                    f"{new_row.converged}/{new_row.n}", convergence))
     for metric, label, lower_is_better, fmt in metrics:
-      b, n = _sample(base_row, metric), _sample(new_row, metric)
-      rows.append(Row(base_row.config, label, _describe(b, fmt), _describe(n, fmt),
-                      decide(b, n, lower_is_better, factors[metric], alpha)))
+      b = _sample(base_row, metric)
+      n, decision = _metric_decision(metric, b, _sample(new_row, metric), lower_is_better,
+                                     factors[metric], alpha, metric in judged, machines,
+                                     normalize)
+      rows.append(Row(base_row.config, label, _describe(b, fmt), _describe(n, fmt), decision))
   base_names = [c.config for c in base_report.configs]
   new_names = [c.config for c in new_report.configs]
   return Comparison(
       workload=new_report.workload, rows=rows,
       missing_in_new=[c for c in base_names if c not in new_names],
       missing_in_baseline=[c for c in new_names if c not in base_names],
-      warnings=_warnings(new_report, base_report))
+      warnings=_warnings(new_report, base_report, machines, normalize))

@@ -42,7 +42,8 @@ def fake_result(*, seed: int = 1, num_replicas: int = 1, num_workers: int = 1,
       "hparams": {"topology": scaling_kind, "num_replicas": num_replicas,
                   "global_batch_size": global_batch_size, "learning_rate": 0.1, "seed": seed},
       "operative_config": "# fake\n", "git_sha": "0" * 40, "tf_version": "2.21.0",
-      "machine": {"cpu": "fake cpu", "cores": 2, "accelerators": []},
+      "machine": {"cpu": "fake cpu", "cores": 2, "isa_flags": ["avx2", "fma"], "accelerators": [],
+                  "calibration": {"matmul_gflops": 100.0, "convnet_gflops": 50.0}},
   }
   result.update(overrides)
   return result

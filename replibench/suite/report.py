@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench import atomic
@@ -33,6 +35,10 @@ class Report:
   git_shas: list[str] = dataclasses.field(default_factory=list)
   tf_versions: list[str] = dataclasses.field(default_factory=list)
   machine: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # Median over the trials of each calibration figure (GFLOP/s at run start).
+  calibration: dict[str, float] | None = None
+  # The metrics `compare` judges (the sweep file's `judge`); None: all of them.
+  judged: list[str] | None = None
   sweep_dir: str = ""
   created: str = ""
   warnings: list[str] = dataclasses.field(default_factory=list)
@@ -108,6 +114,21 @@ def _row(name: str, trials: list[tuple[str, dict]]) -> ConfigRow:
   return row
 
 
+def _calibration(found: list[tuple[str, dict]]) -> dict[str, float] | None:
+  """Per-key median of the trials' calibrations (None if no trial recorded one)."""
+  values: dict[str, list[float]] = {}
+  for _, result in found:
+    for key, value in ((result.get("machine") or {}).get("calibration") or {}).items():
+      values.setdefault(key, []).append(float(value))
+  return {k: float(np.median(v)) for k, v in values.items()} or None
+
+
+def _judged(sweep_dir: str) -> list[str] | None:
+  """The sweep file's `judge` list, as `replibench sweep` recorded it in sweep.json."""
+  manifest = atomic.read_json(os.path.join(sweep_dir, results.MANIFEST_FILE), {}) or {}
+  return manifest.get("judge")
+
+
 def build_report(sweep_dir: str) -> Report:
   """Aggregates every result.json under sweep_dir into a Report."""
   found = results.find_results(sweep_dir)
@@ -128,6 +149,7 @@ def build_report(sweep_dir: str) -> Report:
       git_shas=sorted({r.get("git_sha", "") for _, r in found} - {""}),
       tf_versions=sorted({r.get("tf_version", "") for _, r in found} - {""}),
       machine=found[0][1].get("machine") or {},
+      calibration=_calibration(found), judged=_judged(sweep_dir),
       sweep_dir=os.path.abspath(sweep_dir),
       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       warnings=_seed_warnings(found))

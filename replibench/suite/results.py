@@ -7,6 +7,7 @@ from typing import Any
 from replibench.errors import UserError
 
 RESULT_FILE = "result.json"
+MANIFEST_FILE = "sweep.json"   # A sweep directory's record of its sweep file and trials.
 # A trial with one of these statuses is finished; anything else (failed, or no
 # result yet) is run again, which resumes it from its checkpoint.
 FINAL_STATUSES = ("reached", "budget_exhausted", "diverged")

@@ -27,7 +27,7 @@ from replibench.suite import results
 from replibench.suite import sweep_file
 from replibench.suite.sweep_file import Trial
 
-MANIFEST_FILE = "sweep.json"
+MANIFEST_FILE = results.MANIFEST_FILE
 TRIAL_FILE = "trial.json"
 LOG_FILE = "trial.log"
 
@@ -125,6 +125,7 @@ def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial]) 
     text = f.read()
   atomic.write_json(os.path.join(workdir, MANIFEST_FILE), {
       "sweep_file": os.path.abspath(sweep.path), "sweep_text": text,
+      "judge": list(sweep.judge) if sweep.judge is not None else None,
       "trials": [t.to_dict() for t in trials]})
 
 

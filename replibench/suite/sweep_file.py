@@ -6,6 +6,8 @@ Format (TOML, stdlib tomllib; relative paths are relative to the sweep file):
   bindings = ["EVAL_EVERY = 1"]        # applied to every trial (optional)
   seeds = [1, 2, 3]
   seed_binding = "SEED"                # each trial gets `SEED = <seed>`
+  judge = ["converged", "examples_per_s"]   # what `compare` decides on (optional;
+                                       # default all); the rest is reported only
 
   [[axes]]                             # a zipped axis: each point moves
   name = "setup"                       # several things together
@@ -40,8 +42,9 @@ import tomllib
 from typing import Any, Sequence
 
 from replibench.errors import UserError
+from replibench.suite import aggregate
 
-_TOP_KEYS = {"description", "gin_files", "bindings", "seeds", "seed_binding", "axes"}
+_TOP_KEYS = {"description", "gin_files", "bindings", "seeds", "seed_binding", "axes", "judge"}
 _AXIS_KEYS = {"name", "binding", "values", "points"}
 _POINT_KEYS = {"label", "gin_files", "bindings", "workers", "cpus_per_worker", "ps"}
 # Labels become directory names and TensorBoard run names: keep them portable.
@@ -81,6 +84,7 @@ class Sweep:
   seed_binding: str
   axes: tuple[tuple[Point, ...], ...]
   description: str = ""
+  judge: tuple[str, ...] | None = None   # None: compare judges every metric.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +237,17 @@ def _seeds(path: str, value: Any) -> tuple[int, ...]:
   return tuple(value)
 
 
+def _judge(path: str, value: Any) -> tuple[str, ...] | None:
+  if value is None:
+    return None
+  names = _string_list(path, "judge", value)
+  unknown = [n for n in names if n not in aggregate.JUDGEABLE]
+  if unknown or not names:
+    raise _fail(path, "judge", f"must list some of {', '.join(aggregate.JUDGEABLE)}; got "
+                f"{value!r}.")
+  return names
+
+
 def load(path: str) -> Sweep:
   """Parses and validates a sweep file; errors are UserErrors naming file and key."""
   try:
@@ -262,7 +277,7 @@ def load(path: str) -> Sweep:
       seeds=_seeds(path, raw["seeds"]),
       seed_binding=seed_binding.strip(),
       axes=tuple(_axis(path, i, a) for i, a in enumerate(axes)),
-      description=description)
+      description=description, judge=_judge(path, raw.get("judge")))
 
 
 def _dedupe(paths: Sequence[str]) -> tuple[str, ...]:

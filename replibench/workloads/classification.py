@@ -74,8 +74,9 @@ class ImageClassification(Workload):
       l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
       loss += self.weight_decay * l2 / engine.num_replicas()
     engine.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
-    # `loss` is this replica's share; the sum over replicas is the global loss.
-    return {"loss": engine.all_reduce(loss, "sum")}
+    # `loss` is this replica's share (1/N of its local mean): times N it is the local
+    # mean, and the engine averages outputs over replicas (no collective of its own).
+    return {"loss": loss * engine.num_replicas()}
 
   def _eval_step(self, batch):
     images, labels = batch

@@ -274,7 +274,11 @@ class D4PG(Workload):
       while (batch := feeder.sample(size)) is not None:
         yield {k: np.asarray(batch[k], signature[k].dtype.as_numpy_dtype) for k in signature}
 
-    return tf.data.Dataset.from_generator(batches, output_signature=signature).prefetch(2)
+    ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
+    # Endless, and said so: with an unknown cardinality MultiWorkerMirroredStrategy
+    # all-reduces a "has data" flag on every step to stop all workers together.
+    ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return ds.prefetch(2)
 
   # -- learner -----------------------------------------------------------------
 
@@ -289,11 +293,13 @@ class D4PG(Workload):
     critic_grads = tape.gradient(critic, critic_vars)
     policy_grads = tape.gradient(policy, policy_vars)
     del tape
-    engine.apply_gradients(self.critic_optimizer, critic_grads, critic_vars)
-    engine.apply_gradients(self.policy_optimizer, policy_grads, policy_vars)
+    engine.apply_gradients_jointly([(self.critic_optimizer, critic_grads, critic_vars),
+                                    (self.policy_optimizer, policy_grads, policy_vars)])
     if isinstance(self.replay, replay_lib.PrioritizedReplay):
       tf.py_function(self.feeder.update_priorities, [batch["key"], critic_per_example], [])
-    critic, policy = engine.all_reduce([critic, policy], "sum")
+    # Shares (1/N of the local means) times N: local means, averaged over replicas by
+    # the engine with the other outputs (no collective of their own).
+    critic, policy = critic * engine.num_replicas(), policy * engine.num_replicas()
     return {"loss": critic, "critic_loss": critic, "policy_loss": policy}
 
   def after_train_call(self, step: int) -> None:

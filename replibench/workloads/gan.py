@@ -319,6 +319,9 @@ class ConditionalGAN(Workload):
       return split(images), split(labels)
 
     ds = ds.batch(self.n_dis * replicas_here, drop_remainder=True).map(regroup).unbatch()
+    # unbatch() loses the source's infinite cardinality; without it
+    # MultiWorkerMirroredStrategy all-reduces a "has data" flag on every step.
+    ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return ds.prefetch(tf.data.AUTOTUNE)
 
   def _noise(self, step, update: int, per_replica: int):
@@ -365,8 +368,9 @@ class ConditionalGAN(Workload):
     d_loss = tf.add_n([self._discriminator_update(images[k], labels[k], step, k)
                        for k in range(self.n_dis)]) / self.n_dis
     g_loss = self._generator_update(step, images.shape[1])
-    # Each loss is this replica's share; the replica sum is the global-batch value.
-    d_loss, g_loss = engine.all_reduce([d_loss, g_loss], "sum")
+    # Each loss is this replica's share (1/N of its local mean): times N the local mean,
+    # which the engine averages over replicas (no collective of its own).
+    d_loss, g_loss = d_loss * engine.num_replicas(), g_loss * engine.num_replicas()
     return {"loss": d_loss, "d_loss": d_loss, "g_loss": g_loss}
 
   def _generated_outputs(self):

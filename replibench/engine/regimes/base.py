@@ -62,6 +62,15 @@ class Regime:
     """Turns one replica's gradients (of an `average_loss`-scaled loss) into updates."""
     raise NotImplementedError
 
+  def apply_gradients_jointly(self, updates: list) -> None:
+    """Several optimizers' gradients from one step, [(optimizer, grads, vars), ...].
+
+    By default one apply_gradients after the other; a regime may fuse their
+    communication (Sync reduces them in one collective).
+    """
+    for optimizer, grads, variables in updates:
+      self.apply_gradients(optimizer, grads, variables)
+
   def step_metrics(self) -> dict:
     """Scalar tensors this regime reports for the step just traced (e.g. bytes sent).
 
@@ -95,9 +104,13 @@ class Sync(Regime):
     self._metrics = StepMetrics()
 
   def apply_gradients(self, optimizer, grads, variables):
+    self.apply_gradients_jointly([(optimizer, grads, variables)])
+
+  def apply_gradients_jointly(self, updates):
     from replibench.engine import aggregation  # pylint: disable=import-outside-toplevel
-    aggregation.sync_apply_gradients(optimizer, grads, variables)
-    self._metrics.add("regime/bytes_communicated", float(payload_bytes(grads)))
+    aggregation.sync_apply_gradients_jointly(updates)
+    for _, grads, _ in updates:
+      self._metrics.add("regime/bytes_communicated", float(payload_bytes(grads)))
 
   def step_metrics(self):
     return self._metrics.take()

@@ -1,0 +1,158 @@
+"""Scaling of the distributed path, for every workload, measured in one run.
+
+For each workload: 1 vs 2 worker processes (one core each) at the same global
+batch (strong scaling) and at twice the batch (weak scaling); 1, 2 and 4 logical
+replicas in one process pinned to one core (pure replication overhead: the same
+work, split N ways); init time per topology; and the collectives per step.
+
+Every figure comes from a real `replibench run` (or `replibench launch -- run`)
+with --max_steps, read back from its result.json: examples/s over the training
+calls after the first (the first call builds the executor), init_s, and the
+run's communication account. Configurations are run in rounds (all of them, then
+all again), and the median over rounds is reported, so slow drift in the
+machine's state hits every configuration alike.
+
+  make bench-scaling          # or: .venv/bin/python benchmarks/scaling.py [--rounds 3]
+Goals (issue 12): workers=2 >= 1.8x workers=1 (same batch), >= 1.9x at twice the
+batch; 4 logical replicas <= 1.3x one replica's step time; init <= 2x.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  name: str
+  gin_file: str
+  global_batch: int
+  steps: int
+  bindings: tuple = ()
+
+
+WORKLOADS = {
+    "resnet": Workload("resnet", "configs/resnet/scaling.gin", 256, 60,
+                       ("small_resnet.norm_layer = @engine.per_replica_batch_norm",)),
+    "sngan": Workload("sngan", "configs/sngan/batch_scaling.gin", 32, 40,
+                      ("Experiment.steps_per_call = 5",
+                       "sngan_generator.norm_layer = @engine.per_replica_batch_norm")),
+    "d4pg": Workload("d4pg", "configs/d4pg/learner_scaling.gin", 256, 500),
+}
+# Evaluation and checkpoints out of the way: only training calls are measured.
+QUIET = ("Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epochs = 1000",
+         "Experiment.train_epochs = 1000")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  label: str
+  kind: str          # 'replicas' (logical, one process) or 'workers'
+  n: int
+  batch_factor: int = 1
+  cores: str = "0"   # taskset list for logical replicas
+
+
+def setups() -> list[Setup]:
+  return [Setup("replicas=1 (1 core)", "replicas", 1), Setup("replicas=2 (1 core)", "replicas", 2),
+          Setup("replicas=4 (1 core)", "replicas", 4),
+          Setup("workers=1", "workers", 1), Setup("workers=2 (strong)", "workers", 2),
+          Setup("workers=1 (2x batch)", "workers", 1, 2),
+          Setup("workers=2 (weak, 2x batch)", "workers", 2, 2)]
+
+
+def command(w: Workload, s: Setup, workdir: str) -> list[str]:
+  batch = w.global_batch * s.batch_factor
+  bindings = [*w.bindings, *QUIET, f"Experiment.global_batch_size = {batch}"]
+  if s.kind == "replicas":
+    topology = f"configs/topology/local{s.n}.gin"
+  else:
+    topology = "configs/topology/workers.gin"
+    bindings.append(f"topology.MultiWorker.workers = {s.n}")
+  run = ["run", f"--gin_file={w.gin_file}", f"--gin_file={topology}",
+         *(f"--gin_bindings={b}" for b in bindings), f"--max_steps={w.steps}",
+         f"--workdir={workdir}"]
+  base = [sys.executable, "-m", "replibench.cli"]
+  if s.kind == "replicas":
+    return ["taskset", "-c", s.cores, *base, *run]
+  return [*base, "launch", f"--workers={s.n}", "--cpus_per_worker=1", "--", *run]
+
+
+def measure(w: Workload, s: Setup) -> dict:
+  with tempfile.TemporaryDirectory() as workdir:
+    proc = subprocess.run(command(w, s, workdir), cwd=REPO, capture_output=True, text=True)
+    path = os.path.join(workdir, "result.json")
+    if proc.returncode or not os.path.exists(path):
+      raise RuntimeError(f"{w.name} {s.label} failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    with open(path) as f:
+      return json.load(f)
+
+
+def _median(results: list[dict], key) -> float | None:
+  values = [key(r) for r in results]
+  values = [v for v in values if v is not None]
+  return statistics.median(values) if values else None
+
+
+def summarize(w: Workload, runs: dict[str, list[dict]]) -> list[str]:
+  eps = {label: _median(rs, lambda r: r.get("examples_per_s")) for label, rs in runs.items()}
+  init = {label: _median(rs, lambda r: r.get("init_s")) for label, rs in runs.items()}
+  lines = [f"== {w.name} ({w.gin_file}, global batch {w.global_batch}, {w.steps} steps)"]
+  for label, rs in runs.items():
+    comm = (rs[-1].get("communication") or {})
+    per_step = comm.get("collectives_per_step")
+    lines.append(f"  {label:28s} {eps[label]:9.1f} ex/s   init {init[label]:6.1f} s   "
+                 f"collectives/step {per_step if per_step is not None else '-'}"
+                 f"{'   ' + _comm_kinds(comm) if comm else ''}")
+  ratio = lambda a, b: eps[a] / eps[b]  # noqa: E731
+  one = eps["replicas=1 (1 core)"]
+  lines += [
+      f"  workers=2 / workers=1, same batch (strong): {ratio('workers=2 (strong)', 'workers=1'):.2f}x"
+      "   (goal >= 1.8x)",
+      f"  workers=2 at 2x batch / workers=1 (weak):   "
+      f"{ratio('workers=2 (weak, 2x batch)', 'workers=1'):.2f}x   (goal >= 1.9x)",
+      f"  step time replicas=2 / replicas=1 (1 core): {one / eps['replicas=2 (1 core)']:.2f}x",
+      f"  step time replicas=4 / replicas=1 (1 core): {one / eps['replicas=4 (1 core)']:.2f}x"
+      "   (goal <= 1.3x)",
+      f"  init replicas=4 / replicas=1:               "
+      f"{init['replicas=4 (1 core)'] / init['replicas=1 (1 core)']:.2f}x   (goal <= 2x)"]
+  return lines
+
+
+def _comm_kinds(comm: dict) -> str:
+  kinds = comm.get("by_kind") or {}
+  return ", ".join(f"{k} {v['count']:g} x {v['bytes']:,.0f} B" for k, v in kinds.items())
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workloads", default="resnet,sngan,d4pg")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--setups", default="", help="comma-separated labels (default: all)")
+  args = parser.parse_args()
+  chosen = [s for s in setups() if not args.setups or s.label in args.setups.split(",")]
+  for name in args.workloads.split(","):
+    w = WORKLOADS[name]
+    runs = {s.label: [] for s in chosen}
+    for r in range(args.rounds):
+      for s in chosen:
+        result = measure(w, s)
+        runs[s.label].append(result)
+        print(f"[{name} round {r + 1}/{args.rounds}] {s.label}: "
+              f"{result.get('examples_per_s')} ex/s, init {result.get('init_s')} s", flush=True)
+    try:
+      print("\n".join(summarize(w, runs)), flush=True)
+    except KeyError:   # A subset of setups: no ratios.
+      pass
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,40 @@
+"""Every use of a private Keras, TensorFlow or gin name in replibench, in one place.
+
+Where no public API does what the engine needs, it reaches into a library's
+internals here and nowhere else, and `tests/test_internals.py` pins each touch:
+it fails loudly, naming the attribute, on a Keras / TensorFlow / gin version
+whose internals moved, instead of letting the math change silently.
+
+  Keras optimizers  `_all_reduce_sum_gradients` (the engine all-reduces gradients
+                    itself, before clipping), `_get_variable_index` and the slot
+                    lists (`_momentums`, `_velocities`, `_velocity_hats`,
+                    `momentums`), `_iterations`, `_learning_rate`.
+  Keras BN          `_moments(inputs, mask)` and `_reduction_axes` (cross-replica
+                    batch statistics).
+  gin               `config._LOCATION_PREFIXES` (search path de-duplication).
+  TensorFlow        `tensorflow.python.profiler` (FLOP counting of a graph:
+                    tf.profiler.experimental has no FLOP counter).
+"""
+
+import keras
+
+# Versions on which every touch below was checked (tests/test_internals.py runs
+# the same checks on whatever is installed).
+CHECKED_WITH = {"keras": "3.15.1", "tensorflow": "2.21.0", "gin-config": "0.5.0"}
+
+
+# -- Keras BatchNormalization ------------------------------------------------------
+
+def batch_norm_reduction_axes(layer: keras.layers.BatchNormalization) -> list[int]:
+  """The axes BatchNormalization reduces over for its moments (all but the channels)."""
+  return list(layer._reduction_axes)   # pylint: disable=protected-access
+
+
+def replace_batch_norm_moments(cls: type, moments) -> None:
+  """Makes cls (a BatchNormalization subclass) compute training moments with
+  moments(layer, inputs, mask) -> (mean, variance); Keras' moving-average update
+  and normalization then use them unchanged."""
+  if not callable(getattr(keras.layers.BatchNormalization, "_moments", None)):
+    raise ImportError("keras.layers.BatchNormalization._moments is gone: replibench's "
+                      "cross-replica batch norm needs porting to this Keras version.")
+  cls._moments = moments   # pylint: disable=protected-access
