@@ -17,6 +17,7 @@ whose internals moved, instead of letting the math change silently.
 """
 
 import keras
+import tensorflow as tf
 
 # Versions on which every touch below was checked (tests/test_internals.py runs
 # the same checks on whatever is installed).
@@ -38,3 +39,18 @@ def replace_batch_norm_moments(cls: type, moments) -> None:
     raise ImportError("keras.layers.BatchNormalization._moments is gone: replibench's "
                       "cross-replica batch norm needs porting to this Keras version.")
   cls._moments = moments   # pylint: disable=protected-access
+
+
+# -- TensorFlow's v1 profiler: FLOPs of a graph ---------------------------------------
+
+def count_graph_flops(graph) -> int:
+  """Float ops in a traced graph (tensorflow.python.profiler: no public FLOP counter)."""
+  from tensorflow.python.profiler import model_analyzer, option_builder  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  options = option_builder.ProfileOptionBuilder(
+      option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
+  verbosity = tf.get_logger().level
+  tf.get_logger().setLevel("ERROR")   # The v1 profiler logs deprecation warnings.
+  try:
+    return int(model_analyzer.profile(graph, options=options).total_float_ops)
+  finally:
+    tf.get_logger().setLevel(verbosity)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import regimes
+from replibench.engine import cluster, regimes
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
 
@@ -97,27 +97,22 @@ class Replicator:
     # Under AsyncPS the strategy counts one worker's replicas; the data is split over all.
     return self.strategy.num_replicas_in_sync * max(1, self.regime.asynchronous_workers)
 
-  def _cluster(self) -> dict:
-    resolver = getattr(self.strategy, "cluster_resolver", None)
-    return resolver.cluster_spec().as_dict() if resolver is not None else {}
-
   @property
   def num_workers(self) -> int:
+    """Processes that train (under AsyncPS: the workers, not the chief or the ps)."""
     if self.regime.asynchronous_workers:
-      return self.regime.asynchronous_workers   # Training workers (not the chief, the ps).
-    cluster = self._cluster()
-    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+      return self.regime.asynchronous_workers
+    if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+      return cluster.current().training_processes
+    return 1
 
   @property
   def is_chief(self) -> bool:
     """True on the one process that writes summaries, results and checkpoints."""
-    cluster = self._cluster()
-    if not cluster:
-      return True
-    resolver = self.strategy.cluster_resolver
-    if "chief" in cluster:
-      return resolver.task_type == "chief"
-    return resolver.task_type == "worker" and resolver.task_id == 0
+    if isinstance(self.strategy, (tf.distribute.MultiWorkerMirroredStrategy,
+                                  tf.distribute.ParameterServerStrategy)):
+      return cluster.current().is_chief
+    return True
 
   @contextlib.contextmanager
   def scope(self):

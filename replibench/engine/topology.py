@@ -7,13 +7,11 @@ place that touches devices.
 """
 
 import dataclasses
-import json
-import os
 
 import gin
 import tensorflow as tf
 
-from replibench.engine import devices
+from replibench.engine import cluster, devices
 from replibench.errors import UserError
 
 
@@ -63,33 +61,6 @@ class Local(Topology):
         names, cross_device_ops=tf.distribute.ReductionToOneDevice(reduce_to_device=names[0]))
 
 
-def read_tf_config() -> dict:
-  """Parses and validates TF_CONFIG for a multi-worker run."""
-  raw = os.environ.get("TF_CONFIG")
-  if not raw:
-    raise UserError(
-        "topology.MultiWorker needs the TF_CONFIG environment variable (cluster and task), "
-        "as Kubeflow and other launchers set it; for a local try use "
-        "`replibench launch --workers N [--ps P] -- run ...`.")
-  try:
-    config = json.loads(raw)
-    workers = config["cluster"]["worker"]
-    task_type, index = config["task"]["type"], int(config["task"]["index"])
-  except (ValueError, KeyError, TypeError) as e:
-    raise UserError(
-        f"TF_CONFIG is malformed ({type(e).__name__}: {e}); expected JSON like "
-        '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}.'
-    ) from None
-  # 'ps' tasks exist only under regimes.AsyncPS (ParameterServerStrategy); MultiWorker's
-  # own strategy rejects them in make_strategy.
-  if (task_type not in ("worker", "chief", "ps")
-      or not 0 <= index < len(config["cluster"].get(task_type, []))):
-    raise UserError(
-        f"TF_CONFIG names this task {task_type!r} #{index}, which is not in its cluster "
-        f"{config['cluster']}; each process needs its own task entry.")
-  return config
-
-
 @gin.configurable(module="topology")
 @dataclasses.dataclass(frozen=True)
 class MultiWorker(Topology):
@@ -112,8 +83,8 @@ class MultiWorker(Topology):
   @property
   def num_replicas(self) -> int:
     workers = self.workers
-    if not workers and os.environ.get("TF_CONFIG"):
-      workers = len(read_tf_config()["cluster"]["worker"])
+    if not workers and cluster.present():
+      workers = cluster.current().count("worker")
     return max(workers, 1) * self.replicas_per_worker
 
   def describe_devices(self) -> str:
@@ -122,14 +93,14 @@ class MultiWorker(Topology):
     return f"{workers} worker(s) x {self.replicas_per_worker} replica(s){ps}"
 
   def make_strategy(self):
-    config = read_tf_config()
-    if self.ps or config["cluster"].get("ps"):
+    spec = cluster.current()
+    if self.ps or spec.count("ps"):
       raise UserError(
-          f"topology.MultiWorker.ps = {self.ps} and TF_CONFIG lists "
-          f"{len(config['cluster'].get('ps', []))} ps task(s): parameter servers are for "
-          f"asynchronous training; set Experiment.regime = @regimes.AsyncPS() (as "
-          f"configs/topology/ps.gin does), or launch without --ps for synchronous training.")
-    found = len(config["cluster"]["worker"]) + len(config["cluster"].get("chief", []))
+          f"topology.MultiWorker.ps = {self.ps} and TF_CONFIG lists {spec.count('ps')} ps "
+          f"task(s): parameter servers are for asynchronous training; set "
+          f"Experiment.regime = @regimes.AsyncPS() (as configs/topology/ps.gin does), or "
+          f"launch without --ps for synchronous training.")
+    found = spec.training_processes
     if self.workers and found != self.workers:
       raise UserError(
           f"topology.MultiWorker.workers = {self.workers} but TF_CONFIG lists {found} "

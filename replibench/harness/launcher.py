@@ -16,7 +16,6 @@ the launcher's own lines start with `[launch]` (on stderr).
 """
 
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -24,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from replibench.engine import cluster as cluster_lib
 
 EXIT_USER_ERROR = 2
 
@@ -45,10 +46,6 @@ def make_cluster(workers: int, ps: int) -> dict:
   counts = {"worker": workers} if not ps else {"chief": 1, "worker": workers, "ps": ps}
   ports = iter(free_ports(sum(counts.values())))
   return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in counts.items()}
-
-
-def tf_config(cluster: dict, job: str, index: int) -> str:
-  return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
 
 
 def core_share(index: int, cpus_per_worker: int) -> set[int] | None:
@@ -86,7 +83,8 @@ class _Task:
     return f"{self.job} {self.index}"
 
   def start(self) -> None:
-    env = dict(os.environ, TF_CONFIG=tf_config(self.cluster, self.job, self.index))
+    env = dict(os.environ, **{cluster_lib.ENV: cluster_lib.to_env(self.cluster, self.job,
+                                                                   self.index)})
     env.pop("REPLIBENCH_CPU_DEVICES", None)   # One CPU replica per worker process.
     cores = self.cores
     self.proc = subprocess.Popen(

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from replibench import engine
-from replibench.compiler import cost
+from replibench.engine import cost
 from replibench.workloads.base import TrainSpec, Workload
 from models.resnet import decayed_weights
 

@@ -39,10 +39,10 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.profiler import model_analyzer, option_builder  # pylint: disable=g-direct-tensorflow-import
 
 from models import d4pg
 from replibench import engine
+from replibench.engine import cluster, cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
 from replibench.rl import envs
@@ -137,22 +137,13 @@ class ReplayFeeder:
       return self.pool.stats()
 
 
-def _graph_flops(fn, *specs) -> int:
-  """Float ops of one call of fn on tensors of the given specs (multiply-add = 2)."""
-  graph = tf.function(fn).get_concrete_function(*specs).graph
-  options = option_builder.ProfileOptionBuilder(
-      option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
-  return int(model_analyzer.profile(graph, options=options).total_float_ops)
-
-
 def _worker_position() -> tuple[int, int]:
-  """(this worker's index, number of workers) under the current strategy; (0, 1) locally."""
-  resolver = getattr(tf.distribute.get_strategy(), "cluster_resolver", None)
-  if resolver is None or not resolver.task_type:
+  """(this process's index, number of training processes); (0, 1) on one process."""
+  if not isinstance(tf.distribute.get_strategy(),
+                    tf.distribute.MultiWorkerMirroredStrategy) or not cluster.present():
     return 0, 1
-  cluster = resolver.cluster_spec().as_dict()
-  count = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-  return int(resolver.task_id or 0), max(1, count)
+  spec = cluster.current()
+  return spec.worker_index, spec.training_processes
 
 
 @gin.configurable
@@ -449,8 +440,8 @@ class D4PG(Workload):
     specs = (obs, action, scalar, scalar, obs)
     return {
         "parameters": int(sum(np.prod(v.shape) for v in trained)),
-        "forward_flops_per_example": _graph_flops(losses, *specs),
-        "train_flops_per_example": _graph_flops(train, *specs),   # Losses + gradients.
+        "forward_flops_per_example": cost.graph_flops(losses, *specs),
+        "train_flops_per_example": cost.graph_flops(train, *specs),   # Losses + gradients.
         "allreduce_bytes_per_step": int(sum(4 * np.prod(v.shape) for v in trained)),
         "learning_rate": {"peak": nets.hparams.learning_rate, "schedule": "constant (Adam)"},
     }

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from models.sngan import build_models
 from replibench import engine
-from replibench.compiler import cost
+from replibench.engine import cost
 from replibench.errors import UserError
 from replibench.eval import classifier as classifier_lib
 from replibench.eval import evaluate as evaluate_lib

@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from replibench.engine import cluster
 from replibench.engine import topology as topology_lib
 from replibench.engine.regimes import locked_updates
 from replibench.engine.regimes.base import Regime
@@ -113,10 +114,10 @@ class AsyncPS(Regime):
           f"@regimes.AsyncPS() cannot train it; use a synchronous regime.")
 
   def _cluster(self, topology) -> dict:
-    """TF_CONFIG, checked for one chief, >= 1 worker, >= 1 ps and the topology's counts."""
+    """The cluster, checked for one chief, >= 1 worker, >= 1 ps and the topology's counts."""
     self.check(topology)
-    config = topology_lib.read_tf_config()
-    counts = {job: len(config["cluster"].get(job, [])) for job in ("chief", "worker", "ps")}
+    spec = cluster.current()
+    counts = {job: spec.count(job) for job in ("chief", "worker", "ps")}
     if counts["chief"] != 1 or not counts["worker"] or not counts["ps"]:
       raise UserError(
           f"Experiment.regime = @regimes.AsyncPS() needs TF_CONFIG to list one 'chief', at "
@@ -127,26 +128,25 @@ class AsyncPS(Regime):
       if expected and expected != counts[job]:
         raise UserError(f"topology.MultiWorker.{field} = {expected} but TF_CONFIG lists "
                         f"{counts[job]} {job!r} task(s).")
-    return config
+    return spec
 
   def serve(self, topology):
-    config = self._cluster(topology)
-    task = config["task"]
-    if task["type"] == "chief":
+    spec = self._cluster(topology)
+    if spec.task_type == "chief":
       return
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id,
                                   protocol=resolver.rpc_layer or "grpc", start=True)
-    logging.info("AsyncPS: %s %d serving at %s (pid %d).", task["type"], task["index"],
+    logging.info("AsyncPS: %s %d serving at %s (pid %d).", spec.task_type, spec.task_index,
                  server.target, os.getpid())
     server.join()   # Never returns: the launcher (or cluster manager) ends this process.
 
   def make_strategy(self, topology):
-    config = self._cluster(topology)
-    if config["task"]["type"] != "chief":
+    spec = self._cluster(topology)
+    if spec.task_type != "chief":
       raise UserError(
-          f"TF_CONFIG makes this process {config['task']['type']} #{config['task']['index']}: "
+          f"TF_CONFIG makes this process {spec.task_type} #{spec.task_index}: "
           f"under regimes.AsyncPS only the chief trains; other tasks call regime.serve().")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)   # Variables not partitioned.
@@ -155,7 +155,7 @@ class AsyncPS(Regime):
           f"regimes.AsyncPS runs one replica per worker; these workers have "
           f"{strategy.num_replicas_in_sync} GPUs each. Hide all but one "
           f"(CUDA_VISIBLE_DEVICES) or use a synchronous regime.")
-    self.asynchronous_workers = len(config["cluster"]["worker"])
+    self.asynchronous_workers = spec.count("worker")
     self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
       self._updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="async_ps_updates")
