@@ -19,6 +19,7 @@ from models import d4pg
 from replibench import engine
 from replibench.rl import envs
 from replibench.rl import replay as replay_lib
+from replibench.rl.feeder import ReplayFeeder
 from replibench.workloads import d4pg as workload_lib
 from replibench.workloads.base import TrainSpec
 
@@ -64,7 +65,7 @@ def train_on_fixed_batch(num_replicas, pixels=False):
   data = fixed_batch(work.networks)
   work.replay = work.replay_fn(seed=0)
   work.replay.add_batch({k: v for k, v in data.items() if k not in ("key", "weight")})
-  work.feeder = workload_lib.ReplayFeeder(None, work.replay, GLOBAL_BATCH, timeout_s=1.0)
+  work.feeder = ReplayFeeder(None, work.replay, GLOBAL_BATCH, timeout_s=1.0)
 
   def input_fn(ctx):
     # One pipeline; consecutive per-replica batches go to replicas 0, 1, ...: every
@@ -142,7 +143,7 @@ class FakePool:
 def test_feeder_keeps_samples_per_insert_in_both_directions():
   replay = replay_lib.UniformReplay(capacity=10_000, min_size=100, samples_per_insert=4.0)
   pool = FakePool()
-  feeder = workload_lib.ReplayFeeder(pool, replay, step_batch=32, timeout_s=5.0)
+  feeder = ReplayFeeder(pool, replay, step_batch=32, timeout_s=5.0)
   for _ in range(200):
     batch = feeder.sample(32)
     assert batch["observation"].shape == (32, 5) and batch["key"].shape == (32,)
@@ -157,7 +158,7 @@ def test_feeder_keeps_samples_per_insert_in_both_directions():
 
 def test_feeder_starved_of_data_raises_a_clear_error_in_time():
   replay = replay_lib.UniformReplay(capacity=100, min_size=10)
-  feeder = workload_lib.ReplayFeeder(FakePool(starved=True), replay, 8, timeout_s=0.3)
+  feeder = ReplayFeeder(FakePool(starved=True), replay, 8, timeout_s=0.3)
   start = time.monotonic()
   with pytest.raises(TimeoutError, match="sample_timeout_s.*min_size 10"):
     feeder.sample(8)

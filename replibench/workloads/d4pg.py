@@ -9,28 +9,19 @@ actor-critic. Here, per learner process (one per worker):
     --> step_fn on every replica: distributional critic + policy updates
     --> after_train_call: target networks and actor weights refreshed on the host.
 
-Rate limiting works both ways, like Reverb's SampleToInsertRatio: the learner
-samples only while samples <= samples_per_insert * (inserts - min_size) +
-tolerance (the replay's RateLimiter), and transitions are admitted to replay only
-while the learner has less than two steps' worth of sampling credit left. Beyond
-that the feeder stops reading the actors' pipes, so actors block on their
-outboxes and leave the cores to the learner.
+The RL plumbing lives in replibench/rl: the two-way rate limiting between actors
+and learner in feeder.py, the noise-free evaluation episodes (in this process for
+state tasks, in the pool's evaluator process for pixels) in evaluation.py.
 
 With a MultiWorker topology each worker runs its own actors and replay (like
 the distributed D4PG learners); gradients are all-reduced by the engine and
 evaluation results are averaged over workers, so every worker decides the same.
-
-Evaluation runs the noise-free policy for eval_episodes episodes. State tasks are
-evaluated in the learner process (synchronous, exact policy at that step, no
-core spent between evaluations); pixel tasks need EGL, which cannot share a
-process with TensorFlow, so the pool's evaluator process plays them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import time
 from typing import Callable
 
@@ -46,95 +37,10 @@ from replibench.engine import cluster, cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
 from replibench.rl import envs
-from replibench.rl import numpy_policy
+from replibench.rl import evaluation
 from replibench.rl import replay as replay_lib
+from replibench.rl.feeder import ReplayFeeder
 from replibench.workloads.base import TrainSpec, Workload
-
-_HEALTH_EVERY_S = 10.0   # Read the actors at least this often, even while replay is full.
-_POLL_S = 0.05           # Longest single wait for actor data while holding the lock.
-
-
-class ReplayFeeder:
-  """Actor transitions -> replay -> sampled batches, thread-safe and never unbounded.
-
-  pool: a started ActorPool. step_batch: items sampled per learner step by this
-  feeder (global batch / workers), the unit of the insert-side gate.
-  timeout_s: longest wait for one batch before a clear error.
-  """
-
-  def __init__(self, pool: actors_lib.ActorPool, replay, step_batch: int, timeout_s: float):
-    self.pool, self.replay = pool, replay
-    self.step_batch, self.timeout_s = step_batch, timeout_s
-    self.lock = threading.RLock()
-    self.closed = False
-    self._inbox: list[dict] = []   # Drained but not yet admitted transitions (batches).
-    self._last_drain = 0.0
-
-  def add_batch(self, batch: dict) -> None:
-    """ActorPool.drain's sink: keep transitions in the inbox until replay admits them."""
-    self._inbox.append(batch)
-
-  def wants_data(self) -> bool:
-    """True while replay should take inserts: below min_size, or the learner's sampling
-    credit is under two steps' worth."""
-    limiter = self.replay.limiter
-    if limiter.samples_per_insert is None or limiter.inserts < limiter.min_size:
-      return True
-    credit = (limiter.samples_per_insert * (limiter.inserts - limiter.min_size)
-              + limiter.tolerance - limiter.samples)
-    return credit < 2 * self.step_batch
-
-  def pump(self, wait_s: float = 0.0) -> None:
-    """Admits inbox data while wanted; reads the actors when the inbox is empty (waiting
-    up to wait_s for data) or when they have not been read for _HEALTH_EVERY_S."""
-    with self.lock:
-      if self.closed:
-        return
-      self._admit()
-      overdue = time.monotonic() - self._last_drain > _HEALTH_EVERY_S
-      if (self.wants_data() and not self._inbox) or overdue:
-        self._last_drain = time.monotonic()
-        self.pool.drain(self, timeout=wait_s if self.wants_data() else 0.0)
-        self._admit()
-
-  def _admit(self) -> None:
-    while self._inbox and self.wants_data():
-      self.replay.add_batch(self._inbox.pop(0))
-
-  def sample(self, batch_size: int) -> dict | None:
-    """One batch of batch_size transitions (+ 'key', 'weight'), waiting for actors up to
-    timeout_s; None once closed. TimeoutError says what the replay was waiting for."""
-    deadline = time.monotonic() + self.timeout_s
-    while not self.closed:
-      with self.lock:
-        self.pump()
-        sample = self.replay.try_sample(batch_size)
-        if sample is None:
-          self.pump(wait_s=_POLL_S)
-          sample = self.replay.try_sample(batch_size)
-      if sample is not None:
-        return {**sample.data, "key": sample.keys, "weight": sample.weights}
-      if time.monotonic() > deadline:
-        raise TimeoutError(self._starved_message(batch_size))
-    return None
-
-  def _starved_message(self, batch_size: int) -> str:
-    limiter, stats = self.replay.limiter, self.pool.stats()
-    return (f"D4PG: no batch of {batch_size} could be sampled from replay for "
-            f"{self.timeout_s:.0f} s (D4PG.sample_timeout_s). Replay holds {len(self.replay)} "
-            f"items (min_size {limiter.min_size}) after {limiter.inserts} inserts and "
-            f"{limiter.samples} samples (samples_per_insert {limiter.samples_per_insert}, "
-            f"tolerance {limiter.tolerance}); actors made {stats['env_steps']} env steps, "
-            f"now {stats['env_steps_per_s']:.0f}/s, with {stats['restarts']} restart(s). "
-            f"Actors too slow or stuck: check their logs, or lower min_size.")
-
-  def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
-    with self.lock:
-      self.replay.update_priorities(keys, priorities)
-
-  def stats(self) -> dict:
-    with self.lock:
-      return self.pool.stats()
 
 
 def _worker_position() -> tuple[int, int]:
@@ -154,13 +60,13 @@ class D4PG(Workload):
   episodes (higher is better; 1000 is the maximum on these tasks).
 
   env: the task. networks: D4PGNetworks factory (sizes, support and
-  D4PGHyperparams come from gin; hparams.batch_size is superseded by
-  Experiment.global_batch_size). replay: factory taking seed=, e.g.
-  @UniformReplay or @PrioritizedReplay (priorities are the per-example critic
-  losses). epoch_size: sampled transitions per epoch, i.e. learner steps per
-  epoch times the global batch. publish_every_steps: learner steps between
-  policy-weight publications to the actors. separate_evaluator: evaluate in the
-  pool's evaluator process (None: only where pixels require it).
+  D4PGHyperparams come from gin; the batch is Experiment.global_batch_size).
+  replay: factory taking seed=, e.g. @UniformReplay or @PrioritizedReplay
+  (priorities are the per-example critic losses). epoch_size: sampled
+  transitions per epoch, i.e. learner steps per epoch times the global batch.
+  publish_every_steps: learner steps between policy-weight publications to the
+  actors. separate_evaluator: evaluate in the pool's evaluator process (None:
+  only where pixels require it).
   """
 
   target_metric = "eval/return"
@@ -195,10 +101,9 @@ class D4PG(Workload):
     self.max_restarts, self.sample_timeout_s = max_restarts, sample_timeout_s
     self.max_messages = max_messages
     self.networks = self.spec = self.pool = self.replay = self.feeder = None
+    self.evaluator = None
     self._last_step = None
     self._mark = (None, 0, 0)   # (time, learner step, env steps) at the last host_metrics.
-    self._eval_envs = []
-    self._eval_seed = 0
 
   # -- construction ------------------------------------------------------------
 
@@ -229,7 +134,6 @@ class D4PG(Workload):
     self.build_learner(spec)
     worker, workers = _worker_position()
     seed = int(np.random.SeedSequence([spec.seed, worker]).generate_state(1)[0] % (2**31 - 1))
-    self._eval_seed = seed
     self.replay = self.replay_fn(seed=seed)
     config = actors_lib.ActorConfig.from_networks(self.networks, self.env_config)
     self.pool = actors_lib.ActorPool(
@@ -238,6 +142,9 @@ class D4PG(Workload):
     self.pool.start(self.networks.actor_weights())
     self.feeder = ReplayFeeder(self.pool, self.replay, spec.global_batch_size // workers,
                                self.sample_timeout_s)
+    self.evaluator = evaluation.Evaluator(
+        self.env_config, self.eval_episodes, seed=seed,
+        feeder=self.feeder if self.separate_evaluator else None, timeout_s=self.sample_timeout_s)
     logging.info("D4PG worker %d: %d actor(s)%s on %s, replay %s.", worker, self.num_actors,
                  " + evaluator" if self.separate_evaluator else "", self.env_config.task,
                  type(self.replay).__name__)
@@ -323,41 +230,6 @@ class D4PG(Workload):
 
   # -- evaluation --------------------------------------------------------------
 
-  def _episode_here(self, policy: numpy_policy.NumpyPolicy, index: int) -> float:
-    if len(self._eval_envs) <= index:
-      self._eval_envs.append(envs.make_env(self.env_config, seed=self._eval_seed + 7919 * index))
-    env = self._eval_envs[index]
-    time_step, total = env.reset(), 0.0
-    while not time_step.last():
-      time_step = env.step(policy(time_step.observation))
-      total += time_step.reward
-    return total
-
-  def _returns_here(self) -> list[float]:
-    """eval_episodes noise-free episodes in this process (state observations only)."""
-    nets = self.networks
-    policy = numpy_policy.NumpyPolicy(nets.obs_shape, nets.action_low, nets.action_high,
-                                      nets.policy_sizes, False, nets.embed_dim)
-    policy.set_weights(nets.actor_weights())
-    return [self._episode_here(policy, i) for i in range(self.eval_episodes)]
-
-  def _returns_from_evaluator(self) -> list[float]:
-    """eval_episodes episodes the evaluator process starts after the current weights."""
-    version = self.pool.publish(self.networks.actor_weights())
-    deadline = time.monotonic() + self.sample_timeout_s
-    returns = []
-    while len(returns) < self.eval_episodes:
-      if time.monotonic() > deadline:
-        raise TimeoutError(
-            f"D4PG: the evaluator finished {len(returns)} of {self.eval_episodes} episodes "
-            f"with weights version {version} in {self.sample_timeout_s:.0f} s "
-            f"(D4PG.sample_timeout_s); evaluator stats: {self.pool.stats()['evaluator']}.")
-      with self.feeder.lock:
-        self.pool.drain(self.feeder, timeout=_POLL_S)
-        returns += [e["return"] for e in self.pool.eval_results()
-                    if e["weights_version"] >= version]
-    return returns[:self.eval_episodes]
-
   def _across_workers(self, replicator: engine.Replicator, values: list[float]) -> np.ndarray:
     """Mean over workers (identical on every worker, so all decide alike)."""
     values = np.asarray(values, np.float64)
@@ -372,8 +244,7 @@ class D4PG(Workload):
     """eval/return (mean over episodes and workers), eval/return_min (this worker's),
     eval/env_steps (env steps the exploring actors of all workers have made so far:
     the experience the policy learnt from) and eval/episodes (played for this value)."""
-    returns = (self._returns_from_evaluator() if self.separate_evaluator
-               else self._returns_here())
+    returns = self.evaluator.returns(self.networks)
     env_steps = self.feeder.stats()["env_steps"] if self.feeder else 0
     mean, steps, episodes = self._across_workers(
         replicator, [np.mean(returns), env_steps, len(returns)])
@@ -399,9 +270,8 @@ class D4PG(Workload):
     if self.pool is not None:
       with self.feeder.lock if self.feeder is not None else contextlib.nullcontext():
         self.pool.stop()
-    for env in self._eval_envs:
-      env.close()
-    self._eval_envs = []
+    if self.evaluator is not None:
+      self.evaluator.close()
 
   def learning_rate(self, step: int) -> float:
     del step
