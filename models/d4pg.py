@@ -13,7 +13,9 @@ Architectures follow Acme's D4PG for the DeepMind Control Suite:
 The learner math is pure functions returning per-example losses [B]
 (`critic_loss`, `policy_loss`); optimisers, gradient all-reduce and clipping are
 the training step's business. Target networks are plain copies refreshed every
-`target_update_period` learner steps by `update_target_networks`.
+`target_update_period` learner steps by `copy_to_targets` (the D4PG workload
+calls it on the host, between training calls); `update_target_networks` is the
+same copy gated on a step counter, which also works inside a traced step.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class D4PGHyperparams:
   discount is the per-step gamma; an n-step transition carries gamma^n (0 at a
   termination) in its own `discount` field. sigma is the std of the Gaussian
   exploration noise in action units; clip_norm the global gradient norm clip.
+  The batch size is not set here: it is Experiment.global_batch_size.
   """
   n_step: int = 5
   discount: float = 0.99
@@ -46,7 +49,6 @@ class D4PGHyperparams:
   target_update_period: int = 100
   clip_norm: float = 40.0
   learning_rate: float = 1e-4
-  batch_size: int = 256
 
 
 class ScaleToBounds(keras.layers.Layer):
