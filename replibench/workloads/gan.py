@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.sngan import build_models
+from models.sngan import build_models, d_hinge_loss, g_hinge_loss
 from replibench import engine
 from replibench.engine import cost
 from replibench.errors import UserError
@@ -173,8 +173,8 @@ class ConditionalGAN(Workload):
       logits = self.discriminator(tf.concat([real, fake], 0),
                                   tf.concat([real_labels, fake_labels], 0), training=True)
       # Hinge loss: mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))) over the global batch.
-      per_example = tf.nn.relu(1.0 - logits[:b]) + tf.nn.relu(1.0 + logits[b:])
-      loss = engine.average_loss(per_example, self.spec.global_batch_size)
+      loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
+                                 self.spec.global_batch_size)
     engine.apply_gradients(self.d_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
@@ -184,7 +184,8 @@ class ConditionalGAN(Workload):
     with tf.GradientTape() as tape:
       logits = self.discriminator(self.generator(z, labels, training=True), labels,
                                   training=True)
-      loss = engine.average_loss(-logits, self.spec.global_batch_size)
+      # Generator hinge loss: -mean(D(G(z))) over the global batch.
+      loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
     engine.apply_gradients(self.g_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
