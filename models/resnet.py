@@ -3,7 +3,8 @@
 v1.5 means the stride of a downsampling bottleneck sits on its 3x3 convolution,
 not on the first 1x1 (He et al. 2016 as used by Goyal et al. 2017, the TF Model
 Garden and MLPerf). Both builders below go through one `_build_resnet`, with
-`bottleneck_block` or `basic_block` as the residual unit.
+`bottleneck_block` or `basic_block` as the residual unit: a function, chosen in
+gin by reference (small_resnet.block = @bottleneck_block), like norm_layer.
 
 Normalisation is a factory, `norm_layer(name=...) -> keras.layers.Layer`, so a
 config can inject a cross-replica batch norm without this module knowing the
@@ -61,6 +62,7 @@ def _projection(x, filters: int, strides: int, norm_layer: NormFactory, name: st
   return norm_layer(name=f"{name}_proj_norm")(x)
 
 
+@gin.configurable
 def basic_block(x, filters: int, strides: int, norm_layer: NormFactory, name: str,
                 zero_init_residual: bool = True):
   """Two 3x3 convs (ResNet-18/34 unit); output has `filters` channels."""
@@ -80,6 +82,7 @@ def basic_block(x, filters: int, strides: int, norm_layer: NormFactory, name: st
 basic_block.expansion = 1
 
 
+@gin.configurable
 def bottleneck_block(x, filters: int, strides: int, norm_layer: NormFactory, name: str,
                      zero_init_residual: bool = True):
   """1x1 -> 3x3 (strided, v1.5) -> 1x1 (x4); output has 4 * `filters` channels."""
@@ -102,16 +105,19 @@ def bottleneck_block(x, filters: int, strides: int, norm_layer: NormFactory, nam
 
 bottleneck_block.expansion = 4
 
-_BLOCKS = {"basic": basic_block, "bottleneck": bottleneck_block}
+# A residual unit: block(x, filters, strides, norm_layer, name=..., zero_init_residual=...)
+# -> the block's output tensor.
+BlockFn = Callable[..., keras.KerasTensor]
 
 
-def _build_resnet(*, inputs, stem: Callable, block: str, widths: Sequence[int],
+def _build_resnet(*, inputs, stem: Callable, block: BlockFn, widths: Sequence[int],
                   blocks_per_stage: Sequence[int], strides: Sequence[int],
                   num_classes: int, norm_layer: NormFactory | None,
                   zero_init_residual: bool, dropout: float, head_init, name: str) -> keras.Model:
   """The one builder: stem -> stages of residual blocks -> global pool -> dense logits."""
-  if block not in _BLOCKS:
-    raise ValueError(f"block={block!r}: must be one of {sorted(_BLOCKS)}.")
+  if not callable(block):
+    raise ValueError(f"block={block!r}: must be a residual-unit function such as "
+                     f"basic_block or bottleneck_block (in gin: @basic_block).")
   if not (len(widths) == len(blocks_per_stage) == len(strides)):
     raise ValueError(
         f"widths {tuple(widths)}, blocks_per_stage {tuple(blocks_per_stage)} and strides "
@@ -119,12 +125,11 @@ def _build_resnet(*, inputs, stem: Callable, block: str, widths: Sequence[int],
   if any(b < 1 for b in blocks_per_stage):
     raise ValueError(f"blocks_per_stage {tuple(blocks_per_stage)}: each stage needs >= 1 block.")
   norm_layer = norm_layer or batch_norm
-  block_fn = _BLOCKS[block]
   x = stem(inputs, norm_layer)
   for s, (width, n, stride) in enumerate(zip(widths, blocks_per_stage, strides), start=1):
     for b in range(1, n + 1):
-      x = block_fn(x, width, stride if b == 1 else 1, norm_layer, name=f"stage{s}_block{b}",
-                   zero_init_residual=zero_init_residual)
+      x = block(x, width, stride if b == 1 else 1, norm_layer, name=f"stage{s}_block{b}",
+                zero_init_residual=zero_init_residual)
   x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
   if dropout:
     x = keras.layers.Dropout(dropout, name="dropout")(x)
@@ -148,7 +153,7 @@ def resnet50(num_classes: int = 1000, norm_layer: NormFactory | None = None,
     return keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
 
   return _build_resnet(
-      inputs=keras.Input(shape=input_shape, name="images"), stem=stem, block="bottleneck",
+      inputs=keras.Input(shape=input_shape, name="images"), stem=stem, block=bottleneck_block,
       widths=(64, 128, 256, 512), blocks_per_stage=(3, 4, 6, 3), strides=(1, 2, 2, 2),
       num_classes=num_classes, norm_layer=norm_layer, zero_init_residual=zero_init_residual,
       dropout=0.0, head_init=keras.initializers.RandomNormal(stddev=0.01), name="resnet50")
@@ -158,7 +163,7 @@ def resnet50(num_classes: int = 1000, norm_layer: NormFactory | None = None,
 def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
                  blocks_per_stage: Sequence[int] | None = None,
                  strides: Sequence[int] | None = None, stem_width: int | None = None,
-                 stem_stride: int = 1, block: str = "basic",
+                 stem_stride: int = 1, block: BlockFn = basic_block,
                  norm_layer: NormFactory | None = None, zero_init_residual: bool = True,
                  dropout: float = 0.0,
                  input_shape: tuple[int, int, int] = (28, 28, 1)) -> keras.Model:
@@ -167,8 +172,10 @@ def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
   Stem: one 3x3 conv (stem_width channels, default widths[0]) + norm + ReLU with
   stride stem_stride (1 keeps 28x28). Then one stage per entry of widths, the
   first block of stage i strided by strides[i] (default 1 for the first stage,
-  2 for the others), with blocks_per_stage[i] blocks (default 1 each). With
-  block='bottleneck' a stage outputs 4 * width channels.
+  2 for the others), with blocks_per_stage[i] blocks (default 1 each). block is
+  the residual unit (basic_block or bottleneck_block; in gin
+  small_resnet.block = @bottleneck_block); with bottleneck_block a stage outputs
+  4 * width channels.
   """
   widths = tuple(widths)
   blocks_per_stage = tuple(blocks_per_stage) if blocks_per_stage else (1,) * len(widths)

@@ -292,13 +292,26 @@ def build_models(generator, discriminator):
   discriminator.build((None,) + generator.image_shape)
 
 
+# The losses are per example, not batch means: a replicated step averages them
+# over the global batch (tf.nn.compute_average_loss), not over one replica's
+# slice; on one device, take their mean.
+
+
 @gin.configurable
 def d_hinge_loss(real_logits, fake_logits):
-  """mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))), means over this batch."""
-  return (ops.mean(ops.relu(1.0 - real_logits)) + ops.mean(ops.relu(1.0 + fake_logits)))
+  """Discriminator hinge loss per example: relu(1 - D(x)) + relu(1 + D(G(z))).
+
+  Args:
+    real_logits: float [B], D on real images.
+    fake_logits: float [B], D on generated images (paired with real_logits).
+
+  Returns:
+    float [B]; its mean over a batch is mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))).
+  """
+  return ops.relu(1.0 - real_logits) + ops.relu(1.0 + fake_logits)
 
 
 @gin.configurable
 def g_hinge_loss(fake_logits):
-  """-mean(D(G(z))) over this batch."""
-  return -ops.mean(fake_logits)
+  """Generator hinge loss per example: -D(G(z)); float [B] -> float [B]."""
+  return -fake_logits

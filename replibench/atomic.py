@@ -1,26 +1,40 @@
 """Atomic file writes, so a reader never sees half a result, report or manifest."""
 
+import contextlib
 import json
 import os
 import uuid
-from typing import Any, Callable, IO
+from typing import Any, Callable, IO, Iterator
 
 
-def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
-  """Calls write(f) on a temp file beside path, then renames it over path."""
+@contextlib.contextmanager
+def atomic_path(path: str, suffix: str = "") -> Iterator[str]:
+  """Yields a fresh temp path beside path; renames the file there over path on success.
+
+  For writers that take a file name rather than a file object: suffix ends the
+  temp name, for writers that check it (Keras' save_weights wants
+  '.weights.h5'). If the block raises, the temp file is removed and path is
+  left as it was.
+  """
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  # open() rather than mkstemp so the file gets the usual umask permissions; the
-  # name carries no part of path, so TensorBoard never mistakes it for an event file.
-  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+  # The name carries no part of path, so TensorBoard never mistakes it for an
+  # event file; a fresh uuid keeps concurrent writers of one path apart.
+  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}{suffix}")
   try:
-    with open(tmp, "xb") as f:
-      write(f)
+    yield tmp
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+  """Calls write(f) on a temp file beside path, then renames it over path."""
+  # open() rather than mkstemp so the file gets the usual umask permissions.
+  with atomic_path(path) as tmp, open(tmp, "xb") as f:
+    write(f)
 
 
 def write_text(path: str, text: str) -> None:

@@ -50,7 +50,7 @@ def test_small_resnet_shapes_and_options():
   assert m2.get_layer("stem_relu").output.shape[1:] == (14, 14, 8)
   assert m2.get_layer("stage1_block2_out").output.shape[1:] == (14, 14, 8)
   assert m2.get_layer("stage2_block1_out").output.shape[1:] == (7, 7, 16)
-  m3 = resnet.small_resnet(widths=(8, 16), block="bottleneck", strides=(2, 1))
+  m3 = resnet.small_resnet(widths=(8, 16), block=resnet.bottleneck_block, strides=(2, 1))
   assert m3.get_layer("stage2_block1_out").output.shape[1:] == (14, 14, 64)
   out = m2(tf.random.normal([3, 28, 28, 1]), training=True)
   assert out.shape == (3, 10) and bool(tf.reduce_all(tf.math.is_finite(out)))
@@ -94,7 +94,7 @@ def test_zero_init_residual_zeroes_only_the_last_norm_of_each_block():
     assert np.all(m.get_layer(name).gamma.numpy() == 1)
   m_off = resnet.small_resnet(widths=(8, 16), zero_init_residual=False)
   assert np.all(m_off.get_layer("stage1_block1_norm2").gamma.numpy() == 1)
-  r = resnet.small_resnet(widths=(4,), block="bottleneck")
+  r = resnet.small_resnet(widths=(4,), block=resnet.bottleneck_block)
   assert np.all(r.get_layer("stage1_block1_norm3").gamma.numpy() == 0)
   assert np.all(r.get_layer("stage1_block1_norm2").gamma.numpy() == 1)
 

@@ -90,9 +90,12 @@ def test_projection_term_is_embedding_dot_pooled_features():
 def test_hinge_losses():
   real = tf.constant([2.0, 0.5, -1.0])
   fake = tf.constant([-2.0, 0.0, 1.0])
-  # relu(1 - real) = [0, 0.5, 2]; relu(1 + fake) = [0, 1, 2].
-  np.testing.assert_allclose(float(sngan.d_hinge_loss(real, fake)), 2.5 / 3 + 1.0, rtol=1e-6)
-  np.testing.assert_allclose(float(sngan.g_hinge_loss(fake)), 1.0 / 3, rtol=1e-6)
+  # relu(1 - real) = [0, 0.5, 2]; relu(1 + fake) = [0, 1, 2]. The losses are per
+  # example; their batch means are the hinge losses.
+  d_loss = tf.reduce_mean(sngan.d_hinge_loss(real, fake))
+  np.testing.assert_allclose(float(d_loss), 2.5 / 3 + 1.0, rtol=1e-6)
+  np.testing.assert_allclose(float(tf.reduce_mean(sngan.g_hinge_loss(fake))), 1.0 / 3,
+                             rtol=1e-6)
 
 
 def test_replicated_step_keeps_every_variable_identical_across_replicas():
@@ -110,12 +113,13 @@ def test_replicated_step_keeps_every_variable_identical_across_replicas():
   def replica_step(real, labels, z):
     with tf.GradientTape() as tape:
       fake = gen(z, labels, training=True)
-      d_loss = sngan.d_hinge_loss(disc(real, labels, training=True),
-                                  disc(fake, labels, training=True))
+      d_loss = tf.reduce_mean(sngan.d_hinge_loss(disc(real, labels, training=True),
+                                                 disc(fake, labels, training=True)))
     d_vars = disc.trainable_variables
     d_opt.apply_gradients(zip(tape.gradient(d_loss, d_vars), d_vars))
     with tf.GradientTape() as tape:
-      g_loss = sngan.g_hinge_loss(disc(gen(z, labels, training=True), labels, training=True))
+      g_loss = tf.reduce_mean(
+          sngan.g_hinge_loss(disc(gen(z, labels, training=True), labels, training=True)))
     g_vars = gen.trainable_variables
     g_opt.apply_gradients(zip(tape.gradient(g_loss, g_vars), g_vars))
 

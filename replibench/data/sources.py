@@ -12,6 +12,7 @@ import gin
 import tensorflow as tf
 
 from replibench.data import fashion_mnist, tfds_images
+from replibench.data.resume import batches_consumed
 from replibench.errors import UserError
 
 
@@ -48,12 +49,12 @@ class FashionMNIST:
 
   def train(self, ctx, seed: int) -> tf.data.Dataset:
     """Endless (images [b,28,28,1] float32, labels [b] int32) at ctx's batch size."""
-    batches_done = ctx.start_step * ctx.num_replicas // ctx.num_input_pipelines
     ds = fashion_mnist.dataset(
         "train", per_replica_batch_size=ctx.per_replica_batch_size,
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
         training=True, seed=seed, augment=self.augment, shuffle=self.shuffle,
-        data_dir=self.data_dir, num_examples=self.num_train_examples, skip_batches=batches_done)
+        data_dir=self.data_dir, num_examples=self.num_train_examples,
+        skip_batches=batches_consumed(ctx))
     return self._rescale(ds)
 
   def eval(self, ctx) -> tf.data.Dataset:
@@ -97,8 +98,7 @@ class TfdsImages:
 
   def train(self, ctx, seed: int) -> tf.data.Dataset:
     # TFDS file-level shuffling cannot seek: a resumed run skips the consumed batches.
-    batches_done = ctx.start_step * ctx.num_replicas // ctx.num_input_pipelines
-    return self._dataset(ctx, self.train_split, True, seed).skip(batches_done)
+    return self._dataset(ctx, self.train_split, True, seed).skip(batches_consumed(ctx))
 
   def eval(self, ctx) -> tf.data.Dataset:
     return self._dataset(ctx, self.eval_split, False, 0)

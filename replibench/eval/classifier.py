@@ -29,6 +29,7 @@ import numpy as np
 import scipy.special
 import tensorflow as tf
 
+from replibench import atomic
 from replibench.data import fashion_mnist
 
 CACHE_ENV = "REPLIBENCH_CACHE"
@@ -147,17 +148,6 @@ def cache_dir() -> str:
   return os.path.join(root, "fmnist_classifier")
 
 
-def _write_atomically(model, meta, weights_path, meta_path):
-  # Concurrent processes may train the same key: each writes private files and
-  # renames, so readers never see a partial file.
-  tmp = f"{weights_path[:-len('.weights.h5')]}.tmp{os.getpid()}.weights.h5"
-  model.save_weights(tmp)
-  os.replace(tmp, weights_path)
-  with open(meta_path + f".tmp{os.getpid()}", "w") as f:
-    json.dump(meta, f, indent=2, sort_keys=True)
-  os.replace(meta_path + f".tmp{os.getpid()}", meta_path)
-
-
 @gin.configurable
 def fashion_mnist_classifier(config: ClassifierConfig | None = None,
                              data_dir=None) -> Classifier:
@@ -185,10 +175,14 @@ def fashion_mnist_classifier(config: ClassifierConfig | None = None,
   classifier = Classifier(model, config)
   test_images, test_labels = fashion_mnist.load("test", data_dir)
   classifier.test_accuracy = classifier.accuracy(to_model_range(test_images), test_labels)
-  os.makedirs(directory, exist_ok=True)
   meta = dict(config=dataclasses.asdict(config), arch_version=ARCH_VERSION,
               test_accuracy=classifier.test_accuracy, train_seconds=seconds)
-  _write_atomically(model, meta, weights_path, meta_path)
+  # Concurrent processes may train the same key: each writes private temp files
+  # and renames them, so readers never see a partial file. Weights first: a
+  # reader loads only when the sidecar exists too.
+  with atomic.atomic_path(weights_path, suffix=".weights.h5") as tmp:
+    model.save_weights(tmp)
+  atomic.write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True))
   logging.info("Classifier %s: test accuracy %.4f after %.0f s", key,
                classifier.test_accuracy, seconds)
   return classifier

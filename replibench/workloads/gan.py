@@ -19,26 +19,25 @@ generator update makes one more call.
 
 Evaluation scores a fixed set of generated samples (fixed z, labels balanced
 over the classes) with a scorer (Fashion-MNIST classifier or Inception
-features): FID (the target, lower is better), classifier score and KID, next to
-the same scores of real held-out images at the same N, plus a per-class grid.
+features, replibench.eval.scorers): FID (the target, lower is better),
+classifier score and KID, next to the same scores of real held-out images at
+the same N, plus a per-class grid. The data sources are in replibench.data
+(sources.FashionMNIST, imagenet_gan.Imagenet2012Gan).
 """
 
 import concurrent.futures
 import dataclasses
-import os
 
 import gin
 import keras
 import numpy as np
 import tensorflow as tf
 
-from models.sngan import build_models
+from models.sngan import build_models, d_hinge_loss, g_hinge_loss
 from replibench import engine
 from replibench.engine import cost
 from replibench.errors import UserError
-from replibench.eval import classifier as classifier_lib
 from replibench.eval import evaluate as evaluate_lib
-from replibench.eval import metrics
 from replibench.workloads.base import TrainSpec, Workload
 
 GRID_CLASSES = 10   # Rows of the per-class sample grid (classes evenly spaced).
@@ -47,185 +46,13 @@ GRID_CLASSES = 10   # Rows of the per-class sample grid (classes evenly spaced).
 def _outside_strategy(fn, *args):
   """Runs fn(*args) with no tf.distribute strategy in force; returns its result.
 
-  build() runs under the replicator's scope, but the evaluation classifier must
-  be built (and possibly trained) outside any strategy, or its variables would
-  be mirrored and Model.fit distributed. A strategy scope is per thread, so a
-  helper thread sees none.
+  build() runs under the replicator's scope, but the scorer's model (the
+  evaluation classifier, possibly trained here, or Inception) must be built
+  outside any strategy, or its variables would be mirrored and Model.fit
+  distributed. A strategy scope is per thread, so a helper thread sees none.
   """
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     return pool.submit(fn, *args).result()
-
-
-# ---------------------------------------------------------------- scorers ---
-
-
-@gin.configurable
-class FashionMNISTScorer:
-  """Scores 28x28x1 images with the suite's Fashion-MNIST classifier.
-
-  The reference is the first num_reference train images; the real-data scores
-  are the first N test images against it (the floor a generator can reach at N).
-  classifier_config None means ClassifierConfig() as gin binds it.
-  """
-
-  def __init__(self, num_reference: int = 10000,
-               classifier_config: classifier_lib.ClassifierConfig | None = None):
-    self.num_reference = num_reference
-    self.classifier_config = classifier_config
-    self.classifier = self.reference = None
-
-  def prepare(self, data, num_samples: int) -> dict:
-    """Loads the classifier and the reference; returns the real-data scores at N."""
-    if tuple(data.image_shape) != classifier_lib.IMAGE_SHAPE:
-      raise UserError(f"FashionMNISTScorer scores 28x28x1 images; the data source gives "
-                      f"{tuple(data.image_shape)}. Use a scorer for that data set.")
-    data_dir = getattr(data, "data_dir", None)
-    self.classifier = classifier_lib.fashion_mnist_classifier(self.classifier_config, data_dir)
-    self.reference = evaluate_lib.real_reference(self.classifier, "train", data_dir,
-                                                 self.num_reference)
-    return evaluate_lib.real_data_scores(self.classifier, self.reference, num_samples,
-                                         "test", data_dir)
-
-  def featurize(self, images) -> tuple:
-    """images float [n, 28, 28, 1] in [-1, 1] -> (features [n, d], probabilities [n, 10])."""
-    return self.classifier.predict(np.clip(images, -1.0, 1.0))
-
-  def score(self, features, probabilities) -> dict:
-    return evaluate_lib.score_outputs(features, probabilities, self.reference)
-
-
-@gin.configurable
-class InceptionScorer:
-  """Scores RGB images with Keras' InceptionV3 (pool features, 1000-way softmax).
-
-  weights: a local Keras InceptionV3 weights file (include_top, e.g.
-  inception_v3_weights_tf_dim_ordering_tf_kernels.h5); nothing downloads at run
-  time. Images are resized to 299x299. The reference is the first num_reference
-  images of the data's train split; the real-data scores are the first N images
-  of its held-out split. Keras' InceptionV3 is not the TF-GAN FID graph, so the
-  values track published FIDs without being equal to them.
-  """
-
-  def __init__(self, weights: str | None = None, num_reference: int = 50000,
-               batch_size: int = 100):
-    self.weights, self.num_reference, self.batch_size = weights, num_reference, batch_size
-    self.model = self.reference = None
-
-  def _features_of(self, batches, limit):
-    outputs, count = [], 0
-    for images in batches:
-      outputs.append(self.featurize(images[:limit - count]))
-      count += len(outputs[-1][0])
-      if count >= limit:
-        break
-    if count < limit:
-      raise UserError(f"InceptionScorer: the split holds {count} images, fewer than {limit}.")
-    return (np.concatenate([f for f, _ in outputs]), np.concatenate([p for _, p in outputs]))
-
-  def prepare(self, data, num_samples: int) -> dict:
-    reference = data.reference_batches("train", self.batch_size)   # Fails first without data.
-    held_out = data.reference_batches("held_out", self.batch_size)
-    if not self.weights or not os.path.isfile(self.weights):
-      raise UserError(
-          f"InceptionScorer.weights = {self.weights!r}: set it to a local Keras InceptionV3 "
-          f"weights file (inception_v3_weights_tf_dim_ordering_tf_kernels.h5, include_top); "
-          f"nothing is downloaded at run time.")
-    inception = keras.applications.InceptionV3(weights=self.weights)
-    self.model = keras.Model(inception.input,
-                             [inception.get_layer("avg_pool").output, inception.output])
-    self._forward = tf.function(lambda x: self.model(
-        tf.image.resize(x, (299, 299), method="bilinear"), training=False))
-    features, _ = self._features_of(reference, self.num_reference)
-    self.reference = evaluate_lib.RealReference("train", features,
-                                                *metrics.gaussian_statistics(features))
-    return self.score(*self._features_of(held_out, num_samples))
-
-  def featurize(self, images) -> tuple:
-    """images float [n, h, w, 3] in [-1, 1] (Inception's own input range) -> float64
-    (features [n, 2048], probabilities [n, 1000])."""
-    features, probabilities = self._forward(tf.clip_by_value(images, -1.0, 1.0))
-    return features.numpy().astype(np.float64), probabilities.numpy().astype(np.float64)
-
-  def score(self, features, probabilities) -> dict:
-    return evaluate_lib.score_outputs(features, probabilities, self.reference)
-
-
-# ----------------------------------------------------------- ImageNet data ---
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class Imagenet2012Gan:
-  """TFDS imagenet2012 for GANs: central square crop resized to image_size, random
-  flip, pixels in [-1, 1]; nothing is downloaded (download=False).
-
-  Counts are declared, so a run plans without the data.
-  """
-
-  data_dir: str | None = None
-  image_size: int = 128
-  num_classes: int = 1000
-  num_train_examples: int = 1_281_167
-  shuffle_buffer: int = 10_000
-
-  @property
-  def image_shape(self) -> tuple:
-    return (self.image_size, self.image_size, 3)
-
-  def train_examples(self) -> int:
-    return self.num_train_examples
-
-  def _load(self, split: str, **kwargs) -> tf.data.Dataset:
-    import tensorflow_datasets as tfds  # Heavy import: only when the data is read.
-    try:
-      return tfds.load("imagenet2012", split=split, data_dir=self.data_dir, download=False,
-                       as_supervised=True, **kwargs)
-    except (AssertionError, tfds.core.registered.DatasetNotFoundError, FileNotFoundError,
-            ValueError) as e:
-      where = self.data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-      raise UserError(
-          f"Imagenet2012Gan: TFDS 'imagenet2012' (split {split!r}) is not prepared in {where}, "
-          f"and nothing is downloaded at run time. Prepare it (`tfds build imagenet2012 "
-          f"--data_dir={where}` with the manual download in {where}/downloads/manual) or set "
-          f"Imagenet2012Gan.data_dir. ({type(e).__name__})") from None
-
-  def _square(self, image):
-    shape = tf.shape(image)
-    side = tf.minimum(shape[0], shape[1])
-    image = tf.image.crop_to_bounding_box(image, (shape[0] - side) // 2,
-                                          (shape[1] - side) // 2, side, side)
-    image = tf.image.resize(image, (self.image_size, self.image_size), antialias=True)
-    return tf.clip_by_value(image / 127.5 - 1.0, -1.0, 1.0)
-
-  def train(self, ctx, seed: int) -> tf.data.Dataset:
-    """Endless (images [b, s, s, 3] in [-1, 1], labels [b] int32), sharded by file."""
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-    read_config = tfds.ReadConfig(shuffle_seed=seed, input_context=tf.distribute.InputContext(
-        ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_input_pipelines))
-    ds = self._load("train", shuffle_files=True, read_config=read_config)
-    base = seed * 1_000_003 + ctx.input_pipeline_id
-
-    def preprocess(i, example):
-      image, label = example
-      image = tf.image.stateless_random_flip_left_right(
-          self._square(image), tf.stack([tf.constant(base, tf.int64), i]))
-      return image, tf.cast(label, tf.int32)
-
-    ds = ds.shuffle(self.shuffle_buffer, seed=base).repeat().enumerate()
-    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    # File shuffling cannot seek: a resumed run skips the batches consumed.
-    skip = ctx.start_step * ctx.num_replicas // ctx.num_input_pipelines
-    return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).skip(skip).prefetch(2)
-
-  def reference_batches(self, split: str, batch_size: int):
-    """Unshuffled, unflipped numpy batches [n, s, s, 3] in [-1, 1] of 'train' or
-    'held_out' (the validation split)."""
-    ds = self._load("validation" if split == "held_out" else "train")
-    ds = ds.map(lambda image, _: self._square(image), num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size).prefetch(2).as_numpy_iterator()
-
-
-# ----------------------------------------------------------------- workload ---
 
 
 @gin.configurable
@@ -346,8 +173,8 @@ class ConditionalGAN(Workload):
       logits = self.discriminator(tf.concat([real, fake], 0),
                                   tf.concat([real_labels, fake_labels], 0), training=True)
       # Hinge loss: mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))) over the global batch.
-      per_example = tf.nn.relu(1.0 - logits[:b]) + tf.nn.relu(1.0 + logits[b:])
-      loss = engine.average_loss(per_example, self.spec.global_batch_size)
+      loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
+                                 self.spec.global_batch_size)
     engine.apply_gradients(self.d_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
@@ -357,7 +184,8 @@ class ConditionalGAN(Workload):
     with tf.GradientTape() as tape:
       logits = self.discriminator(self.generator(z, labels, training=True), labels,
                                   training=True)
-      loss = engine.average_loss(-logits, self.spec.global_batch_size)
+      # Generator hinge loss: -mean(D(G(z))) over the global batch.
+      loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
     engine.apply_gradients(self.g_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
