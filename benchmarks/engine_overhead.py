@@ -64,9 +64,9 @@ def engine_step(num_replicas):
   def step_fn(batch):
     with tf.GradientTape() as tape:
       loss = _loss(model, *batch)
-    engine.apply_gradients(optimizer, tape.gradient(loss, model.trainable_variables),
-                           model.trainable_variables)
-    return {"loss": engine.all_reduce(loss, "sum")}
+    replicator.regime.apply_gradients(optimizer, tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables)
+    return {"loss": loss * engine.num_replicas()}   # The local mean; the engine averages.
 
   input_fn = lambda ctx: _data().batch(ctx.per_replica_batch_size)  # noqa: E731
   return replicator.compile(step_fn, input_fn, BATCH, steps_per_call=STEPS_PER_CALL)

@@ -24,6 +24,37 @@ import tensorflow as tf
 CHECKED_WITH = {"keras": "3.15.1", "tensorflow": "2.21.0", "gin-config": "0.5.0"}
 
 
+# -- Keras optimizers ---------------------------------------------------------------
+
+def skip_optimizer_gradient_reduction(optimizer) -> None:
+  """Makes a Keras 3 TF optimizer apply gradients as given, without its own
+  cross-replica sum (`_all_reduce_sum_gradients`, which runs after clipping)."""
+  if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+    raise TypeError(
+        f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: not a Keras 3 "
+        "TensorFlow optimizer (or Keras moved it), so the engine cannot take over its "
+        "gradient reduction.")
+  optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+
+
+def optimizer_slot(optimizer, variable, slot_list: str):
+  """The optimizer's slot for variable in its slot list (e.g. '_momentums' of Adam,
+  'momentums' of SGD): a Keras variable."""
+  index = optimizer._get_variable_index(variable)   # pylint: disable=protected-access
+  return getattr(optimizer, slot_list)[index]
+
+
+def optimizer_iterations(optimizer):
+  """The optimizer's own iteration counter variable (not a read of it)."""
+  return optimizer._iterations   # pylint: disable=protected-access
+
+
+def optimizer_schedule(optimizer):
+  """The learning rate as the optimizer keeps it: a float, variable or schedule object
+  (the public `learning_rate` property evaluates a schedule at the current step)."""
+  return optimizer._learning_rate   # pylint: disable=protected-access
+
+
 # -- Keras BatchNormalization ------------------------------------------------------
 
 def batch_norm_reduction_axes(layer: keras.layers.BatchNormalization) -> list[int]:
@@ -54,3 +85,12 @@ def count_graph_flops(graph) -> int:
     return int(model_analyzer.profile(graph, options=options).total_float_ops)
   finally:
     tf.get_logger().setLevel(verbosity)
+
+
+# -- gin ---------------------------------------------------------------------------
+
+def add_gin_search_path(path: str) -> None:
+  """Adds path to gin's include search path once (gin appends duplicates)."""
+  import gin  # pylint: disable=import-outside-toplevel
+  if path not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+    gin.add_config_file_search_path(path)

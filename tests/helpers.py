@@ -83,8 +83,8 @@ def derived_configs() -> dict[str, str]:
 
 def runs_on_cpu(config: str) -> bool:
   """False for configs whose topology (included or not) needs a TPU."""
-  from replibench.compiler import compile_experiment  # pylint: disable=import-outside-toplevel
-  return compile_experiment([os.path.join(REPO, config)], []).topology.kind != "tpu"
+  from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
+  return load_experiment([os.path.join(REPO, config)], []).topology.kind != "tpu"
 
 
 def cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
@@ -94,9 +94,10 @@ def cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
                         env={**os.environ, **(env or {})})
 
 
-def result(workdir) -> dict:
-  with open(os.path.join(workdir, "result.json")) as f:
-    return json.load(f)
+def result(workdir):
+  """The run's result.json, read (and checked) as a replibench.results.RunResult."""
+  from replibench import results  # pylint: disable=import-outside-toplevel
+  return results.read(str(workdir))
 
 
 def event_tags(workdir) -> dict:

@@ -1,4 +1,4 @@
-"""regimes.AsyncPS: asynchronous parameter-server training through `replibench launch`."""
+"""regimes.AsyncPS (engine/ps): asynchronous parameter-server training through `replibench launch`."""
 
 import contextlib
 import json
@@ -14,11 +14,11 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
-from replibench.compiler import compile_experiment
+from replibench.config import load_experiment
 from replibench.engine import regimes
-from replibench.engine.regimes import async_ps
+from replibench.engine import ps
+from replibench.engine.ps import regime as async_ps
 from replibench.errors import UserError
-from replibench.harness.loop import run_experiment
 from tests import helpers
 
 RESNET, GAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist.gin"
@@ -71,8 +71,8 @@ def test_one_worker_trains_exactly_like_sync(tmp_path):
   launched = helpers.cli(*_launch(1, flags + ["--max_steps=2"], tmp_path / "async"))
   assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
   a, b = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "async")
-  assert (b["num_workers"], b["num_replicas"]) == (1, 1)
-  assert a["final_step"] == b["final_step"] == 2
+  assert (b.num_workers, b.num_replicas) == (1, 1)
+  assert a.final_step == b.final_step == 2
   _assert_close_to_scale(_variables(tmp_path / "async"), _variables(tmp_path / "sync"),
                          rtol=2e-5)
 
@@ -112,10 +112,10 @@ def test_two_workers_train_to_the_end_through_a_worker_restart(tmp_path):
   assert "[launch] worker 1 exited with code -9; restarting it (restart 1 of 3)" in output
   assert "Worker /job:worker/replica:0/task:1 has been recovered" in output, output[-5000:]
   result = helpers.result(tmp_path)
-  assert result["status"] == "budget_exhausted"
-  assert result["final_step"] == result["budget"]["total_steps"] == 10
-  assert (result["num_workers"], result["num_replicas"]) == (2, 2)
-  assert result["scaling_kind"] == "worker_processes" and np.isfinite(result["final_metric"])
+  assert result.status == "budget_exhausted"
+  assert result.final_step == result.budget["total_steps"] == 10
+  assert (result.num_workers, result.num_replicas) == (2, 2)
+  assert result.scaling_kind == "worker_processes" and np.isfinite(result.final_metric)
   staleness = helpers.event_tags(tmp_path)["train/regime/staleness"]
   assert len(staleness) == 10
   # Per call, 2 updates: each sees at most the other (and a rerun of a killed one).
@@ -126,8 +126,8 @@ def test_gan_trains_on_two_workers(tmp_path):
   run = helpers.cli(*_launch(2, _flags(GAN), tmp_path))
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   result = helpers.result(tmp_path)
-  assert result["status"] == "budget_exhausted" and result["final_step"] == 4
-  assert np.isfinite(result["final_metric"]) and result["num_workers"] == 2
+  assert result.status == "budget_exhausted" and result.final_step == 4
+  assert np.isfinite(result.final_metric) and result.num_workers == 2
   events = helpers.event_tags(tmp_path)
   assert "train/regime/staleness" in events
   # It learns: the losses are live and the chief's evaluations see a moving generator.
@@ -151,12 +151,16 @@ def test_async_ps_on_a_local_topology_is_a_user_error(tmp_path):
 
 
 def test_d4pg_cannot_train_on_parameter_server_workers(tmp_path):
+  # Refused when the config is loaded, so `plan` refuses it too and `run` writes nothing.
   config = "configs/d4pg/cartpole_swingup.gin"
-  experiment = compile_experiment([os.path.join(helpers.REPO, config),
-                                   os.path.join(helpers.REPO, PS)], helpers.TINY[config])
   with pytest.raises(UserError, match="replay buffer.*AsyncPS"):
-    run_experiment(experiment, str(tmp_path))
-  assert not os.listdir(tmp_path)
+    load_experiment([os.path.join(helpers.REPO, config), os.path.join(helpers.REPO, PS)],
+                    helpers.TINY[config])
+  run = helpers.cli("run", f"--gin_file={config}", f"--gin_file={PS}",
+                    *(f"--gin_bindings={b}" for b in helpers.TINY[config]),
+                    f"--workdir={tmp_path / 'run'}")
+  assert run.returncode == 2 and "replay buffer" in run.stderr, run.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
 
 
 def _cluster(**jobs) -> str:
@@ -177,7 +181,7 @@ def test_async_ps_checks_the_cluster_before_connecting(monkeypatch, tf_config, t
                                                         culprit):
   monkeypatch.setenv("TF_CONFIG", tf_config)
   with pytest.raises(UserError, match=culprit):
-    regimes.AsyncPS().make_strategy(topology)
+    ps.AsyncReplicator(topology, ps.AsyncPS())
 
 
 def test_synchronous_multiworker_rejects_parameter_servers(monkeypatch):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from replibench.compiler import compile_experiment
+from replibench.config import load_experiment
 from replibench.suite import report as report_lib
 from replibench.suite import sweep_file
 from tests import helpers
@@ -39,7 +39,7 @@ def test_makefile_declares_a_suite_per_workload():
 @pytest.mark.parametrize("workload", ["resnet", "sngan", "d4pg"])
 @pytest.mark.parametrize("smoke", [False, True], ids=["full", "smoke"])
 def test_every_trial_compiles(workload, smoke):
-  experiments = [compile_experiment(list(t.gin_files), list(t.bindings))
+  experiments = [load_experiment(list(t.gin_files), list(t.bindings))
                  for t in trials(workload, smoke)]
   assert len({e.workload.name for e in experiments}) == 1
   assert len({e.target for e in experiments}) == 1   # one target per suite: one report
@@ -56,7 +56,7 @@ def test_committed_baseline_tracks_the_suite(workload, smoke):
     pytest.fail(f"results/{workload}/{name} is missing: run `make bench` (or bench-smoke) "
                 f"and `make bench-accept`")
   baseline = report_lib.load_report(path)
-  experiment = compile_experiment(list(trials(workload, smoke)[0].gin_files),
+  experiment = load_experiment(list(trials(workload, smoke)[0].gin_files),
                                   list(trials(workload, smoke)[0].bindings))
   assert baseline.workload == experiment.workload.name
   assert baseline.target == pytest.approx(experiment.target)

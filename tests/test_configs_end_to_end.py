@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from tensorflow import make_ndarray
 
-from replibench.compiler import compile_experiment
-from replibench.compiler.plan import make_plan
+from replibench.config import load_experiment
+from replibench.config.plan import make_plan
 from replibench.harness.loop import run_experiment
 from tests import helpers
 
@@ -30,21 +30,21 @@ def test_every_workload_config_has_a_tiny_override():
 def test_config_runs_end_to_end(config, topology, tmp_path):
   files = [os.path.join(helpers.REPO, config),
            os.path.join(helpers.REPO, "configs", "topology", topology)]
-  experiment = compile_experiment(files, helpers.TINY[config])
+  experiment = load_experiment(files, helpers.TINY[config])
   result = run_experiment(experiment, str(tmp_path))
 
-  assert RESULT_KEYS <= set(result)
+  assert RESULT_KEYS <= set(result.to_dict())
   assert result == helpers.result(tmp_path)      # what was returned is what was written
-  assert result["status"] in ("reached", "budget_exhausted")
-  assert result["num_replicas"] == int(topology[len("local"):-len(".gin")])
-  assert len(result["curve"]) >= 2
-  assert all(math.isfinite(metric) for _, _, metric in result["curve"])
-  assert math.isfinite(result["final_metric"]) and result["examples_per_s"] > 0
-  assert "Experiment.global_batch_size" in result["operative_config"]
+  assert result.status in ("reached", "budget_exhausted")
+  assert result.num_replicas == int(topology[len("local"):-len(".gin")])
+  assert len(result.curve) >= 2
+  assert all(math.isfinite(metric) for _, _, metric in result.curve)
+  assert math.isfinite(result.final_metric) and result.examples_per_s > 0
+  assert "Experiment.global_batch_size" in result.operative_config
 
   tags = helpers.event_tags(tmp_path)
   for tag in ("train/loss", "train/learning_rate", "train/examples_per_s",
-              result["target_metric"], "hparams/final_metric", "operative_config",
+              result.target_metric, "hparams/final_metric", "operative_config",
               "_hparams_/session_start_info"):
     assert tag in tags, f"missing TensorBoard tag {tag}; have {sorted(tags)}"
   losses = [float(make_ndarray(t)) for _, t in tags["train/loss"]]
@@ -60,16 +60,16 @@ def test_derived_config_runs_end_to_end(config, tmp_path):
   # one tiny run on 2 replicas with its base's overrides.
   files = [os.path.join(helpers.REPO, config),
            os.path.join(helpers.REPO, "configs", "topology", "local2.gin")]
-  result = run_experiment(compile_experiment(files, helpers.TINY[helpers.derived_configs()[config]]),
+  result = run_experiment(load_experiment(files, helpers.TINY[helpers.derived_configs()[config]]),
                           str(tmp_path))
-  assert result["status"] in ("reached", "budget_exhausted") and result["num_replicas"] == 2
-  assert len(result["curve"]) >= 2
-  assert all(math.isfinite(metric) for _, _, metric in result["curve"])
-  assert result["target_metric"] in helpers.event_tags(tmp_path)
+  assert result.status in ("reached", "budget_exhausted") and result.num_replicas == 2
+  assert len(result.curve) >= 2
+  assert all(math.isfinite(metric) for _, _, metric in result.curve)
+  assert result.target_metric in helpers.event_tags(tmp_path)
 
 
 @pytest.mark.parametrize("config", helpers.workload_configs() + sorted(helpers.derived_configs()))
 def test_every_config_plans(config):
-  plan = make_plan(compile_experiment([os.path.join(helpers.REPO, config)], []))
+  plan = make_plan(load_experiment([os.path.join(helpers.REPO, config)], []))
   assert plan["num_replicas"] >= 1 and plan["total_steps"] > 0
   assert plan["parameters"] > 0 and plan["train_flops_per_step"] > 0

@@ -61,7 +61,7 @@ def train_on_fixed_batch(num_replicas, pixels=False):
   work = tiny_workload(pixels, replay=functools.partial(replay_lib.PrioritizedReplay,
                                                         capacity=64))
   with replicator.scope():
-    work.build_learner(TrainSpec(GLOBAL_BATCH, num_replicas, 0, 10.0, 100))
+    work.build_learner(TrainSpec(GLOBAL_BATCH, num_replicas, 0, 10.0, 100, replicator.regime))
   data = fixed_batch(work.networks)
   work.replay = work.replay_fn(seed=0)
   work.replay.add_batch({k: v for k, v in data.items() if k not in ("key", "weight")})
@@ -172,7 +172,7 @@ def test_killed_actors_are_restarted_then_end_the_run_with_a_clear_error():
   replicator = engine.Replicator(engine.Local(num_replicas=1, device="cpu"))
   try:
     with replicator.scope():
-      work.build(TrainSpec(GLOBAL_BATCH, 1, 0, 10.0, 100))
+      work.build(TrainSpec(GLOBAL_BATCH, 1, 0, 10.0, 100, replicator.regime))
     batches = iter(work.input_fn(engine.InputContext(GLOBAL_BATCH, 0, 1, 1)))
 
     def pid():

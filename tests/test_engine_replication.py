@@ -48,8 +48,8 @@ def _train(build_model, num_replicas):
       logits = model(images, training=True)
       per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
       loss = engine.average_loss(per_example, GLOBAL_BATCH)
-    engine.apply_gradients(optimizer, tape.gradient(loss, model.trainable_variables),
-                           model.trainable_variables)
+    replicator.regime.apply_gradients(optimizer, tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables)
     return {"loss": engine.all_reduce(loss, "sum")}
 
   train = replicator.compile(step_fn, input_fn, GLOBAL_BATCH, steps_per_call=STEPS)

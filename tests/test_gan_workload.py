@@ -12,7 +12,8 @@ from tensorflow import make_ndarray
 
 from models.sngan import sngan_discriminator, sngan_generator
 from replibench import engine
-from replibench.compiler import compile_experiment
+from replibench.engine import regimes
+from replibench.config import load_experiment
 from replibench.data.sources import FashionMNIST
 from replibench.errors import UserError
 from replibench.eval import classifier as classifier_lib
@@ -57,7 +58,8 @@ def _train(num_replicas):
   replicator = engine.Replicator(engine.Local(num_replicas=num_replicas, device="cpu"))
   workload = _workload()
   spec = TrainSpec(global_batch_size=GLOBAL_BATCH, num_replicas=num_replicas, seed=3,
-                   steps_per_epoch=60000 / GLOBAL_BATCH, total_steps=STEPS)
+                   steps_per_epoch=60000 / GLOBAL_BATCH, total_steps=STEPS,
+                   regime=replicator.regime)
   with replicator.scope():
     workload.build(spec)
   train = replicator.compile(workload.step_fn, workload.input_fn, GLOBAL_BATCH,
@@ -104,7 +106,7 @@ def test_replicas_match_one_replica_and_each_other():
 
 def test_input_regroups_the_same_real_batches_for_any_replica_count():
   workload = _workload()
-  workload.spec = TrainSpec(GLOBAL_BATCH, 1, 3, 60000 / GLOBAL_BATCH, STEPS)
+  workload.spec = TrainSpec(GLOBAL_BATCH, 1, 3, 60000 / GLOBAL_BATCH, STEPS, regimes.Sync())
 
   def first_step(num_replicas, start_step=0):
     ctx = engine.InputContext(GLOBAL_BATCH // num_replicas, 0, 1, num_replicas, start_step)
@@ -135,14 +137,14 @@ def cache_dir(tmp_path_factory):
 def test_tiny_config_reports_scores_real_references_and_a_sample_grid(
     tmp_path, cache_dir, monkeypatch):
   monkeypatch.setenv(classifier_lib.CACHE_ENV, str(cache_dir))
-  experiment = compile_experiment(
+  experiment = load_experiment(
       [os.path.join(helpers.REPO, CONFIG),
        os.path.join(helpers.REPO, "configs/topology/local1.gin")],
       helpers.TINY[CONFIG] + ["Experiment.target = 0.0"])   # Never met: 2 evaluations.
   result = run_experiment(experiment, str(tmp_path))
-  assert result["target_metric"] == "eval/fid" and not result["higher_is_better"]
-  assert result["final_step"] == 4 and len(result["curve"]) == 2
-  metrics = result["final_metrics"]
+  assert result.target_metric == "eval/fid" and not result.higher_is_better
+  assert result.final_step == 4 and len(result.curve) == 2
+  metrics = result.final_metrics
   assert metrics["eval/num_samples"] == 100
   for key in ("fid", "classifier_score", "kid"):
     assert math.isfinite(metrics[f"eval/{key}"]) and math.isfinite(metrics[f"eval/real_{key}"])
@@ -159,7 +161,7 @@ def test_tiny_config_reports_scores_real_references_and_a_sample_grid(
 
 def test_imagenet_config_fails_cleanly_without_data(tmp_path, monkeypatch):
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "no_data"))
-  experiment = compile_experiment(
+  experiment = load_experiment(
       [os.path.join(helpers.REPO, "configs/sngan/imagenet128.gin"),
        os.path.join(helpers.REPO, "configs/topology/local1.gin")],
       ["sngan_generator.ch = 1", "sngan_discriminator.ch = 1"])
@@ -183,7 +185,7 @@ def test_bad_settings_are_user_errors():
 
 def test_noise_is_each_replicas_slice_of_one_global_draw():
   workload = _workload()
-  workload.spec = TrainSpec(GLOBAL_BATCH, 2, 3, 1.0, 1)
+  workload.spec = TrainSpec(GLOBAL_BATCH, 2, 3, 1.0, 1, regimes.Sync())
   workload._noise_seed = tf.constant([3, 1], tf.int64)  # pylint: disable=protected-access
   noise = lambda update, b: workload._noise(  # pylint: disable=protected-access
       tf.constant(5, tf.int64), update, b)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from replibench.compiler import compile_experiment
+from replibench.config import load_experiment
 from replibench.errors import UserError
 from replibench.harness.loop import run_experiment
 from tests import helpers
@@ -16,18 +16,18 @@ TINY = helpers.TINY[CONFIG]
 
 
 def _run(workdir, bindings=(), max_steps=None):
-  experiment = compile_experiment([os.path.join(helpers.REPO, CONFIG)], [*TINY, *bindings])
+  experiment = load_experiment([os.path.join(helpers.REPO, CONFIG)], [*TINY, *bindings])
   return run_experiment(experiment, str(workdir), max_steps=max_steps)
 
 
 def test_resume_continues_step_count_elapsed_time_and_curve(tmp_path):
   first = _run(tmp_path, max_steps=3)
-  assert first["final_step"] == 3 and first["status"] == "budget_exhausted"
+  assert first.final_step == 3 and first.status == "budget_exhausted"
   second = _run(tmp_path)
-  budget = second["budget"]["total_steps"]
-  assert second["final_step"] == budget > 3
-  assert second["total_s"] > first["total_s"]          # the timed span carried over
-  assert second["curve"][: len(first["curve"])] == first["curve"]
+  budget = second.budget["total_steps"]
+  assert second.final_step == budget > 3
+  assert second.total_s > first.total_s          # the timed span carried over
+  assert second.curve[: len(first.curve)] == first.curve
   third = _run(tmp_path)                                # complete: nothing more to do
   assert third == second
 
@@ -54,8 +54,8 @@ def test_resume_is_exact_for_weights_optimizer_state_and_data(tmp_path):
 def test_nan_loss_ends_the_run_as_diverged(tmp_path):
   result = _run(tmp_path, ["ImageClassification.base_lr_per_256 = 1e30",
                            "ImageClassification.warmup_epochs = 0"])
-  assert result["status"] == "diverged"
-  assert result["time_to_target_s"] is None and result["steps_to_target"] is None
+  assert result.status == "diverged"
+  assert result.time_to_target_s is None and result.steps_to_target is None
 
 
 @pytest.mark.parametrize("bindings,culprit", [
@@ -74,7 +74,7 @@ def test_bad_input_names_the_culprit_and_writes_nothing(bindings, culprit, tmp_p
 
 def test_missing_gin_file_is_named():
   with pytest.raises(UserError, match="nope.gin"):
-    compile_experiment(["nope.gin"], [])
+    load_experiment(["nope.gin"], [])
 
 
 def test_cli_exit_codes(tmp_path):
@@ -89,4 +89,4 @@ def test_cli_exit_codes(tmp_path):
                          "--gin_bindings=ImageClassification.base_lr_per_256 = 1e30",
                          f"--workdir={tmp_path / 'nan'}")
   assert diverged.returncode == 3, diverged.stderr[-2000:]
-  assert helpers.result(tmp_path / "nan")["status"] == "diverged"
+  assert helpers.result(tmp_path / "nan").status == "diverged"

@@ -1,4 +1,4 @@
-"""regimes.locked_updates: AsyncPS's atomic optimizer updates compute Keras' own math."""
+"""engine/ps/locked_updates: AsyncPS's atomic optimizer updates compute Keras' own math."""
 
 import threading
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from replibench.engine.regimes import locked_updates
+from replibench.engine.ps import locked_updates
 from replibench.errors import UserError
 
 OPTIMIZERS = {

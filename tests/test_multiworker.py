@@ -33,9 +33,9 @@ def test_two_workers_match_two_local_replicas(tmp_path):
   assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
 
   a, b = helpers.result(tmp_path / "local"), helpers.result(tmp_path / "workers")
-  assert (a["num_replicas"], b["num_replicas"], b["num_workers"]) == (2, 2, 2)
-  assert b["scaling_kind"] == "worker_processes" and a["final_step"] == b["final_step"]
-  np.testing.assert_allclose(b["final_metric"], a["final_metric"], atol=1e-3)
+  assert (a.num_replicas, b.num_replicas, b.num_workers) == (2, 2, 2)
+  assert b.scaling_kind == "worker_processes" and a.final_step == b.final_step
+  np.testing.assert_allclose(b.final_metric, a.final_metric, atol=1e-3)
   local_vars, worker_vars = _variables(tmp_path / "local"), _variables(tmp_path / "workers")
   assert local_vars.keys() == worker_vars.keys() and len(local_vars) > 10
   for name, value in local_vars.items():

@@ -1,6 +1,7 @@
 """Training regimes: local SGD, compressed gradients and gossip against sync, and their parts."""
 
 import concurrent.futures
+import contextlib
 import os
 
 import keras
@@ -9,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
-from replibench.compiler import compile_experiment
-from replibench.compiler.plan import format_plan, make_plan
+from replibench.config import load_experiment
+from replibench.config.plan import format_plan, make_plan
 from replibench.engine import collectives, regimes
 from replibench.engine.regimes import compressed, gossip
 from replibench.errors import UserError
@@ -43,7 +44,7 @@ class _Run:
     with self._scope():
       self.model = _mlp()
       self.optimizer = keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=clip)
-      engine.build_optimizer(self.optimizer, self.model.trainable_variables)
+      regime.build_optimizer(self.optimizer, self.model.trainable_variables)
     x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
 
     def input_fn(ctx):
@@ -58,14 +59,13 @@ class _Run:
       step = tf.function(self._step_fn)
 
       def train():
-        with regimes.activate(regime):
-          outputs = step(next(batches))
-          return {k: v.numpy() for k, v in outputs.items()}
+        outputs = step(next(batches))
+        return {k: v.numpy() for k, v in outputs.items()}
 
       self.train = train
 
   def _scope(self):
-    return self.replicator.scope() if self.replicator else regimes.activate(self.regime)
+    return self.replicator.scope() if self.replicator else contextlib.nullcontext()
 
   def _step_fn(self, batch):
     images, labels = batch
@@ -74,7 +74,7 @@ class _Run:
       logits = self.model(images, training=True)
       per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
       loss = engine.average_loss(per_example, GLOBAL_BATCH)
-    engine.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
+    self.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
     outputs = {"loss": engine.all_reduce(loss, "sum")}
     if self.replicator is None:   # Replicator.run adds these itself.
       outputs.update(self.regime.step_metrics())
@@ -126,7 +126,7 @@ def test_tight_clip_binds():
 # variable (parameters and momenta), with and without a strategy.
 EQUIVALENT = [
     ("local_sgd_h1", lambda: regimes.LocalSGD(sync_every=1), LOOSE_CLIP, False),
-    ("gossip_complete", lambda: regimes.Gossip(graph="complete"), LOOSE_CLIP, False),
+    ("gossip_complete", lambda: regimes.Gossip(graph=regimes.Complete()), LOOSE_CLIP, False),
     ("compressed_32bit", lambda: regimes.Compressed(bits=32), TIGHT_CLIP, True),
     ("compressed_top_all", lambda: regimes.Compressed(top_k=1.0), TIGHT_CLIP, True),
 ]
@@ -169,16 +169,16 @@ def test_local_steps_take_embedding_gradients():
     with replicator.scope():
       table = keras.Variable(np.linspace(-1, 1, 18, dtype=np.float32).reshape(6, 3))
       optimizer = keras.optimizers.SGD(0.5, momentum=0.9)
-      engine.build_optimizer(optimizer, [table])
+      regime.build_optimizer(optimizer, [table])
     ids = replicator.strategy.experimental_distribute_values_from_function(
         lambda ctx: tf.constant([ctx.replica_id_in_sync_group, 4]))
 
-    def step(rows, table=table, optimizer=optimizer):
+    def step(rows, table=table, optimizer=optimizer, regime=regime):
       with tf.GradientTape() as tape:
         loss = engine.average_loss(tf.reduce_sum(tf.square(tf.gather(table, rows)), axis=1), 4)
       grads = tape.gradient(loss, [table])
       assert isinstance(grads[0], tf.IndexedSlices)
-      engine.apply_gradients(optimizer, grads, [table])
+      regime.apply_gradients(optimizer, grads, [table])
 
     train = tf.function(lambda rows, r=replicator, s=step: r.run(s, rows))
     train(ids)
@@ -189,7 +189,7 @@ def test_local_steps_take_embedding_gradients():
 
 def test_gossip_ring_mixes_keeping_the_mean():
   """One step from equal replicas: ring and complete mixing see the same local steps."""
-  ring, complete = _Run(regimes.Gossip(graph="ring"), 4), _Run(regimes.Gossip(graph="complete"), 4)
+  ring, complete = _Run(regimes.Gossip(graph=regimes.Ring()), 4), _Run(regimes.Gossip(graph=regimes.Complete()), 4)
   ring_metrics, complete_metrics = ring.train(), complete.train()
   assert ring_metrics["regime/consensus_distance"] > 0
   np.testing.assert_allclose(ring_metrics["regime/consensus_distance"],
@@ -274,12 +274,12 @@ def test_error_feedback_carries_what_compression_drops():
   with replicator.scope():
     w = keras.Variable(np.zeros(size, np.float32))
     optimizer = keras.optimizers.SGD(1.0)
-    engine.build_optimizer(optimizer, [w])
+    regime.build_optimizer(optimizer, [w])
   grads = [np.random.default_rng(i).normal(size=size).astype(np.float32) for i in range(n)]
   inputs = replicator.strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(grads[ctx.replica_id_in_sync_group]))
   step = tf.function(lambda g: replicator.run(
-      lambda x: engine.apply_gradients(optimizer, [x], [w]), g))
+      lambda x: regime.apply_gradients(optimizer, [x], [w]), g))
   residual = regime._residual(w)  # pylint: disable=protected-access
   k = compressed.kept_entries(size, 0.25)
   for t in range(1, steps + 1):
@@ -309,7 +309,7 @@ def test_compressed_8_bit_trains_close_to_sync():
     lambda: regimes.LocalSGD(sync_every=0), lambda: regimes.LocalSGD(sync_every=2.0),
     lambda: regimes.Compressed(), lambda: regimes.Compressed(bits=8, top_k=0.1),
     lambda: regimes.Compressed(bits=17), lambda: regimes.Compressed(top_k=0.0),
-    lambda: regimes.Compressed(top_k=1.5), lambda: regimes.Gossip(graph="star")])
+    lambda: regimes.Compressed(top_k=1.5), lambda: regimes.Gossip(graph="star"), lambda: regimes.RandomMatching(seed=1.5)])
 def test_bad_settings_are_user_errors(make):
   with pytest.raises(UserError, match="regimes\\."):
     make()
@@ -320,7 +320,7 @@ HARNESS_CASES = [
     ("LocalSGD", ["regimes.LocalSGD.sync_every = 2"], ["regime/bytes_communicated"]),
     ("Compressed", ["regimes.Compressed.bits = 8"],
      ["regime/bytes_communicated", "regime/compression_ratio"]),
-    ("Gossip", ["regimes.Gossip.graph = 'ring'"],
+    ("Gossip", ["regimes.Gossip.graph = @regimes.Ring()"],
      ["regime/bytes_communicated", "regime/consensus_distance"]),
 ]
 
@@ -333,7 +333,7 @@ def _bindings(regime, extra):
 def test_plan_shows_the_regime(regime, bindings, tags):
   del tags
   files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
-  plan = make_plan(compile_experiment(files, _bindings(regime, bindings)))
+  plan = make_plan(load_experiment(files, _bindings(regime, bindings)))
   assert plan["regime"].startswith(getattr(regimes, regime).name)
   assert 0 < plan["bytes_communicated_per_step"] <= 2 * plan["allreduce_bytes_per_step"]
   assert "bytes_communicated_per_step" in format_plan(plan)
@@ -367,7 +367,7 @@ def test_regime_runs_through_the_harness(harness_runs, regime, bindings, tags):
   del bindings
   workdir = harness_runs[regime]
   result = helpers.result(workdir)
-  assert result["status"] == "budget_exhausted" and result["final_step"] == 2
+  assert result.status == "budget_exhausted" and result.final_step == 2
   events = helpers.event_tags(workdir)
   for tag in tags:
     assert f"train/{tag}" in events, sorted(events)

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from replibench.errors import UserError
-from replibench.suite import build_report, compare, fake, format_table, load_report, write_report
+from replibench.suite import build_report, compare, format_table, load_report, write_report
+from tests import fakes as fake
 from replibench.suite import run_sweep
 
 SWEEP = """

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from replibench.errors import UserError
-from replibench.suite import fake
+from tests import fakes as fake
 from replibench.suite import hparams_config
 from replibench.suite import sweep
 from replibench.suite import sweep_file

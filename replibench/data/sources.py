@@ -36,6 +36,12 @@ class FashionMNIST:
     if self.pixels not in ("standardized", "tanh"):
       raise UserError(f"FashionMNIST.pixels = {self.pixels!r}: must be 'standardized' or "
                       f"'tanh'.")
+    for name, limit in (("num_train_examples", 60_000), ("num_eval_examples", 10_000)):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                or not 1 <= value <= limit):
+        raise UserError(f"FashionMNIST.{name} = {value!r}: must be None (the whole split) "
+                        f"or a whole number of examples from 1 to {limit:,}.")
 
   def _rescale(self, ds: tf.data.Dataset) -> tf.data.Dataset:
     if self.pixels == "standardized":
@@ -56,6 +62,9 @@ class FashionMNIST:
         data_dir=self.data_dir, num_examples=self.num_train_examples,
         skip_batches=batches_consumed(ctx))
     return self._rescale(ds)
+
+  def eval_examples(self) -> int:
+    return self.num_eval_examples or 10_000
 
   def eval(self, ctx) -> tf.data.Dataset:
     """The whole test split once, sharded over pipelines."""
@@ -78,9 +87,16 @@ class TfdsImages:
   data_dir: str | None = None
   num_classes: int = 1000
   num_train_examples: int = 1_281_167
+  num_eval_examples: int = 50_000
   image_size: int = 224
   train_split: str = "train"
   eval_split: str = "validation"
+
+  def __post_init__(self):
+    for name in ("num_classes", "num_train_examples", "num_eval_examples", "image_size"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"TfdsImages.{name} = {value!r}: must be a positive integer.")
 
   @property
   def image_shape(self) -> tuple:
@@ -88,6 +104,9 @@ class TfdsImages:
 
   def train_examples(self) -> int:
     return self.num_train_examples
+
+  def eval_examples(self) -> int:
+    return self.num_eval_examples
 
   def _dataset(self, ctx, split: str, training: bool, seed: int) -> tf.data.Dataset:
     ds = tfds_images.dataset(

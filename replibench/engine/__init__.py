@@ -1,27 +1,36 @@
 """The replibench engine: the TF-Replicator programming model on tf.distribute.
 
 Public API (documented in README.md):
-  topologies   Local, MultiWorker, Tpu
-  Replicator   scope(), distribute(input_fn, B), run(step_fn, ...), reduce(...),
-               compile(step_fn, input_fn, B, steps_per_call)
-  collectives  all_reduce, all_gather, broadcast, replica_id, num_replicas
-  aggregation  average_loss, all_reduce_gradients, apply_gradients, build_optimizer
-  regimes      Sync (default), ... : how replicas turn gradients into updates
-  layers       CrossReplicaBatchNorm (gin: @engine.cross_replica_batch_norm)
+  topologies    Local, MultiWorker, Tpu
+  make_replicator(topology, regime) -> Replicator (lockstep) or ps.AsyncReplicator;
+                both: scope(), distribute(input_fn, B), run(step_fn, ...), reduce(...),
+                compile(step_fn, input_fn, B, steps_per_call)
+  collectives   all_reduce, all_gather, broadcast, permute, replica_id, num_replicas
+  aggregation   average_loss, all_reduce_gradients, sync_apply_gradients(_jointly)
+  regimes       Sync (default), LocalSGD, Compressed, Gossip; ps.AsyncPS: what
+                regime.build_optimizer / regime.apply_gradients do
+  layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
+  cost          parameter_count, graph_flops, forward_flops, gradient_bytes
+
+Dependencies inside the engine point down: collectives and cluster import no
+other engine module; aggregation uses collectives; regimes use aggregation;
+the replicators use regimes and topology; factory picks a replicator.
 """
 
-from replibench.engine.aggregation import (all_reduce_gradients, apply_gradients,
-                                           apply_gradients_jointly, average_loss,
-                                           build_optimizer, sync_apply_gradients)
-from replibench.engine.collectives import all_gather, all_reduce, broadcast, num_replicas, replica_id
+from replibench.engine.aggregation import (all_reduce_gradients, apply_reduced, average_loss,
+                                           sync_apply_gradients, sync_apply_gradients_jointly)
+from replibench.engine.collectives import (all_gather, all_reduce, broadcast, num_replicas,
+                                           permute, replica_id)
+from replibench.engine.factory import make_replicator
 from replibench.engine.layers import (CrossReplicaBatchNorm, PerReplicaBatchNorm,
                                       cross_replica_batch_norm, per_replica_batch_norm)
 from replibench.engine.replicator import CompiledStep, InputContext, Replicator
 from replibench.engine.topology import Local, MultiWorker, Topology, Tpu
 
 __all__ = [
-    "all_gather", "all_reduce", "all_reduce_gradients", "apply_gradients",
-    "apply_gradients_jointly", "average_loss",
-    "broadcast", "build_optimizer", "sync_apply_gradients", "CompiledStep", "CrossReplicaBatchNorm", "cross_replica_batch_norm", "per_replica_batch_norm", "PerReplicaBatchNorm", "InputContext", "Local",
-    "MultiWorker", "num_replicas", "replica_id", "Replicator", "Topology", "Tpu",
+    "all_gather", "all_reduce", "all_reduce_gradients", "apply_reduced", "average_loss",
+    "broadcast", "CompiledStep", "CrossReplicaBatchNorm", "cross_replica_batch_norm",
+    "InputContext", "Local", "make_replicator", "MultiWorker", "num_replicas",
+    "PerReplicaBatchNorm", "per_replica_batch_norm", "permute", "replica_id", "Replicator",
+    "sync_apply_gradients", "sync_apply_gradients_jointly", "Topology", "Tpu",
 ]

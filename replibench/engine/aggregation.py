@@ -9,7 +9,8 @@ replica's share, which changes the math as soon as clipping is active.
 
 import tensorflow as tf
 
-from replibench.engine import collectives, regimes
+from replibench import internals
+from replibench.engine import collectives
 
 
 def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
@@ -36,42 +37,14 @@ def all_reduce_gradients(grads: list) -> list:
   return [None if g is None else next(reduced) for g in grads]
 
 
-def _take_over_reduction(optimizer) -> None:
-  # Keras 3's TF optimizer all-reduces in `_all_reduce_sum_gradients`; the
-  # gradients we pass are already reduced, so that hook becomes the identity.
-  if not hasattr(optimizer, "_all_reduce_sum_gradients"):
-    raise TypeError(
-        f"{type(optimizer).__name__} is not a Keras 3 TensorFlow optimizer; the engine "
-        "cannot take over its gradient reduction.")
-  optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars  # pylint: disable=protected-access
+def apply_reduced(optimizer, grads: list, variables: list) -> None:
+  """Applies gradients that are already what the optimizer should see, as they are.
 
-
-def apply_gradients(optimizer, grads: list, variables: list) -> None:
-  """Applies one replica's gradients the way the active training regime says.
-
-  Call inside a replicated step with per-replica gradients of a loss scaled by
-  `average_loss` (their sum is the global-batch gradient). Under the default
-  `Sync` regime that is `sync_apply_gradients`.
+  The optimizer's own cross-replica sum is switched off (internals), so its
+  clipnorm / global_clipnorm act on these gradients.
   """
-  regimes.active().apply_gradients(optimizer, grads, variables)
-
-
-def apply_gradients_jointly(updates: list) -> None:
-  """Applies several optimizers' gradients from one step: [(optimizer, grads, vars), ...].
-
-  For updates computed from the same forward pass (an actor-critic's two losses):
-  under Sync all their gradients are summed in one collective instead of one per
-  optimizer; other regimes apply them one after the other.
-  """
-  regimes.active().apply_gradients_jointly(updates)
-
-
-def build_optimizer(optimizer, variables: list) -> None:
-  """Creates the optimizer's slots (and the regime's state) under Replicator.scope().
-
-  Keras 3 optimizers must be built before the first traced step.
-  """
-  regimes.active().build_optimizer(optimizer, variables)
+  internals.skip_optimizer_gradient_reduction(optimizer)
+  optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
 
 
 def sync_apply_gradients(optimizer, grads: list, variables: list) -> None:
@@ -89,6 +62,4 @@ def sync_apply_gradients_jointly(updates: list) -> None:
   sizes = [len(grads) for _, grads, _ in updates]
   reduced = iter(all_reduce_gradients([g for _, grads, _ in updates for g in grads]))
   for (optimizer, _, variables), size in zip(updates, sizes):
-    _take_over_reduction(optimizer)
-    grads = [next(reduced) for _ in range(size)]
-    optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+    apply_reduced(optimizer, [next(reduced) for _ in range(size)], variables)

@@ -5,22 +5,68 @@ tf.distribute ReplicaContext. Outside a replicated step (no strategy, or the
 default strategy) they behave as on a single replica, so model code can be run
 and tested on one device unchanged.
 
-Under regimes.AsyncPS a step runs on one of W workers with no peers in it, so
-there is nothing to communicate with: the collectives act on the worker's own
-values as if every worker held the same ones (what its update assumes). Then
-num_replicas() is W, replica_id() the worker's index, a sum is W times the
-worker's value (a loss scaled by average_loss reads on the global-batch scale;
-cross-replica batch norm's moments are the worker's own), and a mean, max,
-min, gather or broadcast is the worker's value.
+A replicator whose replicas do not step together (engine.ps: each worker
+updates the parameter servers on its own) declares what its step_fn sees with
+`replica_group(...)` while it builds the step; these functions then ask that
+group instead of the ReplicaContext. Nothing here knows of training regimes.
 """
 
-import tensorflow as tf
+import contextlib
 
-from replibench.engine import regimes
+import tensorflow as tf
 
 _REDUCE_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 _GATHER_OPS = {"max": tf.reduce_max, "min": tf.reduce_min}
 OPS = tuple(_REDUCE_OPS) + tuple(_GATHER_OPS)
+
+
+class ReplicaGroup:
+  """The replicas a step_fn runs among, seen from inside one of them.
+
+  The default is the current tf.distribute ReplicaContext. Methods take and
+  return (nests of) tensors; num_replicas is a Python int.
+  """
+
+  def num_replicas(self) -> int:
+    return _context().num_replicas_in_sync
+
+  def replica_id(self) -> tf.Tensor:
+    return tf.cast(_context().replica_id_in_sync_group, tf.int32)
+
+  def all_reduce(self, x, op: str):
+    # tf.identity gives each value a device: with one replica, reducing a
+    # step's input tensor directly fails with "destinations can not be empty".
+    return _context().all_reduce(_REDUCE_OPS[op], tf.nest.map_structure(tf.identity, x))
+
+  def all_gather(self, x, axis: int):
+    return _context().all_gather(x, axis=axis)
+
+  def broadcast(self, x, source_replica: int):
+    # An all-reduce sum in which only the source contributes; the others add
+    # exact zeros, so the result is bit-identical to the source's value.
+    is_source = tf.equal(self.replica_id(), source_replica)
+    masked = tf.nest.map_structure(
+        lambda t: tf.where(is_source, t, tf.zeros_like(t)), tf.nest.map_structure(
+            tf.convert_to_tensor, x))
+    return self.all_reduce(masked, "sum")
+
+
+_GROUPS: list = []   # A stack; MirroredStrategy traces replicas in threads, so not thread-local.
+_DEFAULT = ReplicaGroup()
+
+
+@contextlib.contextmanager
+def replica_group(group: ReplicaGroup):
+  """Makes the collectives in step_fns built inside this block act through group."""
+  _GROUPS.append(group)
+  try:
+    yield group
+  finally:
+    _GROUPS.remove(group)
+
+
+def _group() -> ReplicaGroup:
+  return _GROUPS[-1] if _GROUPS else _DEFAULT
 
 
 def _context() -> tf.distribute.ReplicaContext:
@@ -32,40 +78,26 @@ def _context() -> tf.distribute.ReplicaContext:
   return ctx
 
 
-def _async_workers() -> int:
-  """W when the step runs on one of W asynchronous workers (see above), else 0."""
-  return regimes.active().asynchronous_workers
-
-
 def num_replicas() -> int:
   """Replicas taking part in the current step (Python int)."""
-  return _context().num_replicas_in_sync * max(1, _async_workers())
+  return _group().num_replicas()
 
 
 def replica_id() -> tf.Tensor:
   """This replica's index in [0, num_replicas()), an int32 scalar tensor."""
-  ctx = _context()
-  local = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
-  if _async_workers():
-    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-    return tf.cast(worker, tf.int32) * ctx.num_replicas_in_sync + local
-  return local
+  return _group().replica_id()
 
 
 def all_reduce(x, op: str = "sum"):
   """Reduces a (nest of) tensor(s) over replicas; every replica gets the result.
 
   op is 'sum', 'mean', 'max' or 'min'. Sum and mean go through the strategy's
-  all-reduce; max and min (which tf.distribute.ReduceOp lacks) gather one
-  value per replica and reduce locally, which is exact for every dtype.
+  all-reduce (a nest is packed into one collective); max and min (which
+  tf.distribute.ReduceOp lacks) gather one value per replica and reduce
+  locally, which is exact for every dtype.
   """
   if op in _REDUCE_OPS:
-    # tf.identity gives each value a device: with one replica, reducing a
-    # step's input tensor directly fails with "destinations can not be empty".
-    reduced = _context().all_reduce(_REDUCE_OPS[op], tf.nest.map_structure(tf.identity, x))
-    if op == "sum" and _async_workers():
-      return tf.nest.map_structure(lambda t: t * _async_workers(), reduced)
-    return reduced
+    return _group().all_reduce(x, op)
   if op in _GATHER_OPS:
     reduce = _GATHER_OPS[op]
     return tf.nest.map_structure(
@@ -75,27 +107,14 @@ def all_reduce(x, op: str = "sum"):
 
 def all_gather(x, axis: int = 0):
   """Concatenates every replica's x along axis, in replica order."""
-  return _context().all_gather(x, axis=axis)
+  return _group().all_gather(x, axis)
 
 
 def broadcast(x, source_replica: int = 0):
-  """Every replica receives source_replica's value of x (a nest of tensors).
-
-  Implemented as an all-reduce sum in which only the source contributes; the
-  other replicas contribute exact zeros, so the result is bit-identical.
-  """
-  is_source = tf.equal(replica_id(), source_replica)
-
-  def masked(t):
-    t = tf.convert_to_tensor(t)
-    return tf.where(is_source, t, tf.zeros_like(t))
-
-  if tf.as_dtype(tf.nest.flatten(x)[0].dtype).is_bool:
+  """Every replica receives source_replica's value of x (a nest of tensors, not bool)."""
+  if any(tf.as_dtype(t.dtype).is_bool for t in tf.nest.flatten(x)):
     raise TypeError("broadcast does not take bool tensors; cast to int32 first.")
-  if _async_workers():
-    return tf.nest.map_structure(tf.identity, x)
-  return _context().all_reduce(tf.distribute.ReduceOp.SUM,
-                               tf.nest.map_structure(masked, x))
+  return _group().broadcast(x, source_replica)
 
 
 def permute(x, source):

@@ -28,6 +28,30 @@ def forward_flops(model: keras.Model, input_shape: tuple) -> int:
 
 def gradient_bytes(model: keras.Model) -> int:
   """Bytes one replica contributes to the gradient all-reduce each step."""
-  return int(sum(np.prod(v.shape) * v.dtype.size if hasattr(v.dtype, "size")
-                 else np.prod(v.shape) * tf.as_dtype(v.dtype).size
+  return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size
                  for v in model.trainable_variables))
+
+
+def sizes(variables: list) -> list[int]:
+  """Entries of each variable (or tensor), in order."""
+  return [int(np.prod(v.shape)) for v in variables]
+
+
+def optimizer_slots(optimizer) -> list:
+  """The optimizer's per-parameter state (momenta, moments): what a regime that
+  exchanges model state (local SGD, gossip) sends besides the parameters.
+
+  Floating variables only, and not those Keras keeps identical by construction
+  (aggregation 'only_first_replica': the iteration counter, a constant learning
+  rate).
+  """
+  return [v for v in optimizer.variables
+          if tf.as_dtype(v.dtype).is_floating and v.aggregation != "only_first_replica"]
+
+
+def state_sizes(optimizer, variables: list) -> list[int]:
+  """Entries of the parameters and of the optimizer's slots for them (the optimizer is
+  built on variables if it is not yet): the model state one replica holds."""
+  if not optimizer.built:
+    optimizer.build(variables)
+  return sizes(variables) + sizes(optimizer_slots(optimizer))

@@ -16,16 +16,34 @@ from replibench.errors import UserError
 CPU_DEVICES_ENV = "REPLIBENCH_CPU_DEVICES"
 
 
-def ensure_logical_cpus(n: int) -> list[str]:
-  """Returns the names of n logical CPU devices, creating them if still possible."""
+def _env_minimum() -> int:
+  raw = os.environ.get(CPU_DEVICES_ENV, "1")
+  try:
+    value = int(raw)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise UserError(f"{CPU_DEVICES_ENV}={raw!r}: must be a positive whole number of logical "
+                    f"CPU devices (or unset).")
+  return value
+
+
+def reserve_logical_cpus(n: int) -> None:
+  """Splits the CPU into max(n, REPLIBENCH_CPU_DEVICES) logical devices, if TensorFlow
+  has not initialised yet (afterwards the split cannot change; ensure_logical_cpus checks)."""
   cpus = tf.config.list_physical_devices("CPU")
-  want = max(n, int(os.environ.get(CPU_DEVICES_ENV, "1")))
+  want = max(n, _env_minimum())
   try:
     if len(tf.config.get_logical_device_configuration(cpus[0]) or []) < want:
       tf.config.set_logical_device_configuration(
           cpus[0], [tf.config.LogicalDeviceConfiguration()] * want)
   except RuntimeError:
-    pass  # Runtime already initialised: use what exists, checked below.
+    pass  # Runtime already initialised: use what exists.
+
+
+def ensure_logical_cpus(n: int) -> list[str]:
+  """Returns the names of n logical CPU devices, creating them if still possible."""
+  reserve_logical_cpus(n)
   logical = tf.config.list_logical_devices("CPU")
   if len(logical) < n:
     raise UserError(

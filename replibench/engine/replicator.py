@@ -7,9 +7,11 @@
     metrics = train()   # 10 replicated steps in one tf.function graph
 
 `step_fn(batch)` is written for one replica; inside it the collectives in
-`replibench.engine.collectives` and `aggregation.apply_gradients` talk to the
+`replibench.engine.collectives` and the regime's `apply_gradients` talk to the
 other replicas. `input_fn(ctx)` builds one input pipeline at the per-replica
-batch size given by `ctx`.
+batch size given by `ctx`. This replicator is synchronous (the Mirrored
+strategies and TPUStrategy); engine/ps has the asynchronous one, and
+engine.make_replicator picks.
 """
 
 import contextlib
@@ -18,7 +20,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster, regimes
+from replibench.engine import cluster
+from replibench.engine.regimes.base import Regime, Sync
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
 
@@ -58,11 +61,12 @@ class CompiledStep:
   all of them, not one per output and step.
   """
 
-  def __init__(self, replicator: "Replicator", step_fn, dataset, steps_per_call: int):
+  def __init__(self, replicator: "Replicator", replica_fn, dataset, steps_per_call: int):
     self.replicator = replicator
     self.steps_per_call = steps_per_call
     self.iterator = iter(dataset)
-    self._replicated = tf.function(lambda batch: replicator.run(step_fn, batch))
+    strategy = replicator.strategy
+    self._replicated = tf.function(lambda batch: strategy.run(replica_fn, args=(batch,)))
     self._fn = tf.function(self._steps)
 
   def _steps(self):
@@ -70,8 +74,7 @@ class CompiledStep:
     total = self._replicated(next(self.iterator))
     for _ in tf.range(self.steps_per_call - 1):
       outputs = self._replicated(next(self.iterator))
-      total = strategy.run(lambda a, b: tf.nest.map_structure(tf.add, a, b),
-                           args=(total, outputs))
+      total = strategy.run(_add, args=(total, outputs))
     return tf.nest.map_structure(lambda t: t / self.steps_per_call,
                                  self.replicator.reduce(total, "mean"))
 
@@ -83,53 +86,46 @@ class CompiledStep:
     return tf.nest.map_structure(lambda t: t.numpy(), self._fn())
 
 
-class Replicator:
-  """Replicates single-device training code over a topology's replicas."""
+def _add(a, b):
+  return tf.nest.map_structure(tf.add, a, b)
 
-  def __init__(self, topology: Topology, regime: regimes.Regime | None = None):
+
+class Replicator:
+  """Replicates single-device training code over a topology's replicas, in lockstep."""
+
+  def __init__(self, topology: Topology, regime: Regime | None = None):
     self.topology = topology
-    self.regime = regime or regimes.Sync()
+    self.regime = regime or Sync()
     self.regime.check(topology)
-    self.strategy = self.regime.make_strategy(topology)
+    self.strategy = topology.make_strategy()
 
   @property
   def num_replicas(self) -> int:
-    # Under AsyncPS the strategy counts one worker's replicas; the data is split over all.
-    return self.strategy.num_replicas_in_sync * max(1, self.regime.asynchronous_workers)
+    return self.strategy.num_replicas_in_sync
+
+  @property
+  def _multi_worker(self) -> bool:
+    return isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
   @property
   def num_workers(self) -> int:
-    """Processes that train (under AsyncPS: the workers, not the chief or the ps)."""
-    if self.regime.asynchronous_workers:
-      return self.regime.asynchronous_workers
-    if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
-      return cluster.current().training_processes
-    return 1
+    """Processes that run replicas."""
+    return cluster.current().training_processes if self._multi_worker else 1
 
   @property
   def is_chief(self) -> bool:
     """True on the one process that writes summaries, results and checkpoints."""
-    if isinstance(self.strategy, (tf.distribute.MultiWorkerMirroredStrategy,
-                                  tf.distribute.ParameterServerStrategy)):
-      return cluster.current().is_chief
-    return True
+    return cluster.current().is_chief if self._multi_worker else True
 
   @contextlib.contextmanager
   def scope(self):
     """Variables (models, optimizers, metrics) created here are replicated."""
-    with self.strategy.scope(), regimes.activate(self.regime):
+    with self.strategy.scope():
       yield
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
                  global_batch_size: int, start_step: int = 0):
-    """A distributed dataset: each replica gets its own per-replica batch.
-
-    Under AsyncPS, where this process (the chief) evaluates inline and the
-    workers' training input is built by compile: one plain pipeline at the
-    global batch size.
-    """
-    if self.regime.asynchronous_workers:
-      return input_fn(InputContext(global_batch_size, 0, 1, 1, start_step))
+    """A distributed dataset: each replica gets its own per-replica batch."""
     per_replica = per_replica_batch_size(global_batch_size, self.num_replicas)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -142,33 +138,27 @@ class Replicator:
     """Runs step_fn once on every replica; returns per-replica results.
 
     If step_fn returns a dict, the regime's own per-step scalars ('regime/...')
-    are added to it. Under AsyncPS this runs step_fn inline on the chief (for
-    evaluation: the variables are read from the parameter servers); training
-    steps go to the workers through compile.
+    are added to it.
     """
-    if self.regime.asynchronous_workers:
-      return step_fn(*args, **kwargs)
     return self.strategy.run(self.replica_step(step_fn), args=args, kwargs=kwargs)
 
   def replica_step(self, step_fn: Callable) -> Callable:
-    """step_fn as each replica runs it: under the regime, which adds its metrics."""
-    def replica_fn(*a, **kw):
-      with regimes.activate(self.regime):
-        with tf.control_dependencies(self.regime.begin_step()):
-          outputs = step_fn(*a, **kw)
-        if isinstance(outputs, dict):
-          outputs = {**outputs, **self.regime.step_metrics()}
+    """step_fn as each replica runs it: followed by the regime's metrics."""
+    regime = self.regime
+
+    def replica_fn(*args, **kwargs):
+      outputs = step_fn(*args, **kwargs)
+      if isinstance(outputs, dict):
+        outputs = {**outputs, **regime.step_metrics()}
       return outputs
 
     return replica_fn
 
   def reduce(self, values, op: str = "mean"):
-    """Per-replica results to host values: 'sum', 'mean' (scalars) or 'concat'.
+    """Per-replica results to host values: 'sum', 'mean' or 'concat'.
 
     Sum and mean pack the whole nest into one collective per dtype.
     """
-    if self.regime.asynchronous_workers:
-      return values   # run() was inline: one pipeline, nothing to reduce.
     if op == "concat":
       return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=0), values)
     if op not in ("sum", "mean"):
@@ -185,12 +175,11 @@ class Replicator:
       by_dtype.setdefault(self.strategy.experimental_local_results(v)[0].dtype, []).append(i)
     for indices in by_dtype.values():
       leaves = [flat[i] for i in indices]
-      packed = self.strategy.run(
-          lambda *xs: tf.concat([tf.reshape(x, [-1]) for x in xs], 0), args=leaves)
+      packed = self.strategy.run(_flat_concat, args=leaves)
       reduced = self.strategy.reduce(reduce_op, packed, axis=None)
       shapes = [self.strategy.experimental_local_results(v)[0].shape for v in leaves]
-      parts = tf.split(reduced, [s.num_elements() for s in shapes])
-      for i, part, shape in zip(indices, parts, shapes):
+      for i, part, shape in zip(indices, tf.split(reduced, [s.num_elements() for s in shapes]),
+                                shapes):
         results[i] = tf.reshape(part, shape)
     return results
 
@@ -199,8 +188,9 @@ class Replicator:
     """Runs steps_per_call replicated steps of step_fn per call, in one graph."""
     if steps_per_call < 1:
       raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
-    if self.regime.asynchronous_workers:   # Workers' updates through a coordinator.
-      return self.regime.compile(self, step_fn, input_fn, global_batch_size, steps_per_call,
-                                 start_step)
     dataset = self.distribute(input_fn, global_batch_size, start_step)
-    return CompiledStep(self, step_fn, dataset, steps_per_call)
+    return CompiledStep(self, self.replica_step(step_fn), dataset, steps_per_call)
+
+
+def _flat_concat(*tensors):
+  return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)

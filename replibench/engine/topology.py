@@ -28,6 +28,10 @@ class Topology:
     """Where the replicas run, said without initialising any device."""
     raise NotImplementedError
 
+  def is_chief(self) -> bool:
+    """Whether this process writes the run's files (known before any device work)."""
+    return True
+
   def describe(self) -> str:
     fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
     return f"{type(self).__name__}({fields})"
@@ -86,6 +90,9 @@ class MultiWorker(Topology):
     if not workers and cluster.present():
       workers = cluster.current().count("worker")
     return max(workers, 1) * self.replicas_per_worker
+
+  def is_chief(self) -> bool:
+    return cluster.current().is_chief
 
   def describe_devices(self) -> str:
     workers = self.workers or "TF_CONFIG's"

@@ -108,13 +108,24 @@ def calibrate(budget_s: float = 0.15) -> dict:
             "convnet_gflops": round(_convnet_rate(budget_s), 2)}
 
 
+def platform_name() -> str:
+  """A one-line platform for logs, e.g. 'AMD EPYC x2 (avx2 avx512f fma)'."""
+  accelerators = ", ".join(_accelerators())
+  flags = " ".join(f for f in isa_flags() if f in ("avx2", "avx512f", "avx512_bf16", "fma"))
+  return (f"{cpu_model()} x{len(os.sched_getaffinity(0))}"
+          f"{' (' + flags + ')' if flags else ''}{', ' + accelerators if accelerators else ''}")
+
+
+def _accelerators() -> list[str]:
+  return [f"{d.device_type}:{tf.config.experimental.get_device_details(d).get('device_name', d.name)}"
+          for d in tf.config.list_physical_devices() if d.device_type != "CPU"]
+
+
 def machine(calibration: dict | None = None) -> dict:
   """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
   sees, and the calibration measured at run start (None if none was)."""
-  accelerators = [f"{d.device_type}:{tf.config.experimental.get_device_details(d).get('device_name', d.name)}"
-                  for d in tf.config.list_physical_devices() if d.device_type != "CPU"]
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
-          "isa_flags": isa_flags(), "accelerators": accelerators,
+          "isa_flags": isa_flags(), "accelerators": _accelerators(),
           "calibration": calibration}
 
 

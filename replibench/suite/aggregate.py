@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from replibench.results import RunResult
+
 OLYMPIC_MIN_SEEDS = 5  # MLPerf: at least 5 runs, drop fastest and slowest.
 
 # What a sweep file's `judge` may list: convergence (k/n seeds reaching the target)
@@ -110,17 +112,14 @@ class ConfigRow:
     return sum(s.converged for s in self.seeds)
 
 
-def seed_run(trial: str, result: dict[str, Any]) -> SeedRun:
+def seed_run(trial: str, result: RunResult) -> SeedRun:
   return SeedRun(
-      seed=int(result.get("seed", 0)), status=result["status"], trial=trial,
-      time_to_target_s=result.get("time_to_target_s") if result["status"] == "reached" else None,
-      steps_to_target=result.get("steps_to_target"),
-      epochs_to_target=result.get("epochs_to_target"),
-      examples_per_s=result.get("examples_per_s"),
-      final_metric=result.get("final_metric"),
-      total_s=result.get("total_s"),
-      curve=[list(p) for p in result.get("curve") or []],
-      bytes_per_step=(result.get("regime_metrics") or {}).get("regime/bytes_communicated"))
+      seed=result.seed, status=result.status, trial=trial,
+      time_to_target_s=result.time_to_target_s if result.status == "reached" else None,
+      steps_to_target=result.steps_to_target, epochs_to_target=result.epochs_to_target,
+      examples_per_s=result.examples_per_s, final_metric=result.final_metric,
+      total_s=result.total_s, curve=[list(p) for p in result.curve],
+      bytes_per_step=result.regime_metrics.get("regime/bytes_communicated"))
 
 
 def summarize(row: ConfigRow) -> None:

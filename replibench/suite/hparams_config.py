@@ -20,6 +20,7 @@ from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.summary.writer import record_writer
 
 from replibench import atomic
+from replibench.results import RunResult
 
 # A stable name, so rewriting the config replaces it instead of adding a second
 # experiment summary. TensorBoard reads any file with 'tfevents' in its name.
@@ -44,17 +45,17 @@ def _domain(values: list[Any]) -> hp.Discrete | None:
   return None  # Mixed types: TensorBoard infers the domain from the sessions.
 
 
-def experiment_hparams(results: Iterable[dict[str, Any]]) -> list[hp.HParam]:
+def experiment_hparams(results: Iterable[RunResult]) -> list[hp.HParam]:
   """One HParam per key of the results' `hparams` dicts, with the values seen."""
   seen: dict[str, list[Any]] = {}
   for result in results:
-    for key, value in (result.get("hparams") or {}).items():
+    for key, value in result.hparams.items():
       if isinstance(value, (bool, int, float, str)):
         seen.setdefault(key, []).append(value)
   return [hp.HParam(key, _domain(values)) for key, values in sorted(seen.items())]
 
 
-def write_experiment_config(sweep_dir: str, results: Iterable[dict[str, Any]]) -> str | None:
+def write_experiment_config(sweep_dir: str, results: Iterable[RunResult]) -> str | None:
   """Writes (or replaces) the experiment config; returns its path, None if no hparams."""
   hparams = experiment_hparams(results)
   if not hparams:

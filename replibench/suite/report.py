@@ -18,6 +18,7 @@ from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench import atomic
 from replibench.suite import results
+from replibench.results import RunResult
 from replibench.suite.aggregate import ConfigRow, Stats
 
 REPORT_JSON = "report.json"
@@ -79,46 +80,44 @@ def config_name(trial: str) -> str:
   return head if tail.startswith("seed=") and head else trial
 
 
-def _one(found: list[tuple[str, dict]], key: str, sweep_dir: str) -> Any:
-  values = {json.dumps(r.get(key)) for _, r in found}
+def _one(found: list[tuple[str, RunResult]], key: str, sweep_dir: str) -> Any:
+  values = {json.dumps(getattr(r, key)) for _, r in found}
   if len(values) > 1:
     raise UserError(f"{sweep_dir} mixes trials with different {key} "
                     f"({', '.join(sorted(values))}); report one workload per sweep directory.")
-  return found[0][1].get(key)
+  return getattr(found[0][1], key)
 
 
-def _seed_warnings(found: list[tuple[str, dict]]) -> list[str]:
+def _seed_warnings(found: list[tuple[str, RunResult]]) -> list[str]:
   """Trials whose recorded seed is not the one their directory names: the sweep's
   seed_binding probably does not reach the harness, so 'seeds' are repeats."""
   out = []
   for trial, result in found:
     tail = os.path.basename(trial)
-    if tail.startswith("seed=") and tail[5:] != str(result.get("seed")):
-      out.append(f"{trial}/result.json records seed {result.get('seed')!r}, not {tail[5:]}: "
+    if tail.startswith("seed=") and tail[5:] != str(result.seed):
+      out.append(f"{trial}/result.json records seed {result.seed!r}, not {tail[5:]}: "
                  f"check the sweep file's seed_binding.")
   return out
 
 
-def _row(name: str, trials: list[tuple[str, dict]]) -> ConfigRow:
+def _row(name: str, trials: list[tuple[str, RunResult]]) -> ConfigRow:
   first = trials[0][1]
   seeds = sorted((aggregate.seed_run(t, r) for t, r in trials), key=lambda s: s.seed)
-  hparams = {k: v for k, v in (first.get("hparams") or {}).items() if k != "seed"}
+  hparams = {k: v for k, v in first.hparams.items() if k != "seed"}
   row = ConfigRow(
-      config=name, scaling_kind=first.get("scaling_kind", "unknown"),
-      topology=first.get("topology", ""), num_replicas=int(first.get("num_replicas", 1)),
-      num_workers=int(first.get("num_workers", 1)),
-      global_batch_size=int(first.get("global_batch_size", 0)), seeds=seeds,
-      hparams=hparams, operative_config=first.get("operative_config", ""),
-      git_sha=first.get("git_sha", ""))
+      config=name, scaling_kind=first.scaling_kind, topology=first.topology,
+      num_replicas=first.num_replicas, num_workers=first.num_workers,
+      global_batch_size=first.global_batch_size, seeds=seeds, hparams=hparams,
+      operative_config=first.operative_config, git_sha=first.git_sha)
   aggregate.summarize(row)
   return row
 
 
-def _calibration(found: list[tuple[str, dict]]) -> dict[str, float] | None:
+def _calibration(found: list[tuple[str, RunResult]]) -> dict[str, float] | None:
   """Per-key median of the trials' calibrations (None if no trial recorded one)."""
   values: dict[str, list[float]] = {}
   for _, result in found:
-    for key, value in ((result.get("machine") or {}).get("calibration") or {}).items():
+    for key, value in (result.machine.get("calibration") or {}).items():
       values.setdefault(key, []).append(float(value))
   return {k: float(np.median(v)) for k, v in values.items()} or None
 
@@ -134,7 +133,7 @@ def build_report(sweep_dir: str) -> Report:
   found = results.find_results(sweep_dir)
   if not found:
     raise UserError(f"{sweep_dir} holds no result.json: run `replibench sweep` on it first.")
-  by_config: dict[str, list[tuple[str, dict]]] = {}
+  by_config: dict[str, list[tuple[str, RunResult]]] = {}
   for trial, result in found:
     by_config.setdefault(config_name(trial), []).append((trial, result))
   rows = [_row(name, trials) for name, trials in by_config.items()]
@@ -146,9 +145,9 @@ def build_report(sweep_dir: str) -> Report:
       target=_one(found, "target", sweep_dir),
       higher_is_better=_one(found, "higher_is_better", sweep_dir),
       configs=rows,
-      git_shas=sorted({r.get("git_sha", "") for _, r in found} - {""}),
-      tf_versions=sorted({r.get("tf_version", "") for _, r in found} - {""}),
-      machine=found[0][1].get("machine") or {},
+      git_shas=sorted({r.git_sha for _, r in found} - {""}),
+      tf_versions=sorted({r.tf_version for _, r in found} - {""}),
+      machine=found[0][1].machine,
       calibration=_calibration(found), judged=_judged(sweep_dir),
       sweep_dir=os.path.abspath(sweep_dir),
       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -25,6 +25,7 @@ from replibench import atomic
 from replibench.suite import hparams_config
 from replibench.suite import results
 from replibench.suite import sweep_file
+from replibench.results import RunResult
 from replibench.suite.sweep_file import Trial
 
 MANIFEST_FILE = results.MANIFEST_FILE
@@ -96,19 +97,19 @@ def _check_same_trial(trial: Trial, trial_dir: str, sweep_path: str) -> None:
         f"name: use a new --workdir, or give the changed axis point a new label.")
 
 
-def _check_seed_reached_run(trial: Trial, result: dict | None, sweep: sweep_file.Sweep) -> None:
+def _check_seed_reached_run(trial: Trial, result: RunResult | None, sweep: sweep_file.Sweep) -> None:
   """Stops the sweep at the first trial whose run did not get its seed: the other
   trials would be repeats of one seed, hours spent on a useless spread."""
-  if result is not None and result.get("seed") is not None and result["seed"] != trial.seed:
+  if result is not None and result.seed != trial.seed:
     raise UserError(
-        f"Sweep file {sweep.path}: trial {trial.name} ran with seed {result['seed']}, not "
+        f"Sweep file {sweep.path}: trial {trial.name} ran with seed {result.seed}, not "
         f"{trial.seed}: the binding '{sweep.seed_binding} = {trial.seed}' (key "
         f"'seed_binding') does not reach the run's seed. Set seed_binding to the gin "
         f"parameter the config reads its seed from.")
 
 
-def _progress(i: int, n: int, trial: Trial, status: str, result: dict | None, note: str) -> str:
-  ttt = result.get("time_to_target_s") if result else None
+def _progress(i: int, n: int, trial: Trial, status: str, result: RunResult | None, note: str) -> str:
+  ttt = result.time_to_target_s if result else None
   ttt_text = f"time to target {ttt:.1f} s" if ttt is not None else "target not reached"
   return f"[{i}/{n}] {trial.name}: {status}, {ttt_text}{note}"
 
@@ -163,21 +164,21 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     _check_same_trial(trial, trial_dir, sweep.path)
     result = results.read_result(trial_dir)
     if results.is_final(result):
-      log(_progress(i, n, trial, result["status"], result, " (finished earlier, skipped)"))
-      outcomes[i] = TrialOutcome(trial, result["status"], True, result.get("time_to_target_s"))
+      log(_progress(i, n, trial, result.status, result, " (finished earlier, skipped)"))
+      outcomes[i] = TrialOutcome(trial, result.status, True, result.time_to_target_s)
     else:
       pending.append((i, trial, trial_dir))
 
-  def finish(i: int, trial: Trial, exit_code: int | None, result: dict | None) -> None:
+  def finish(i: int, trial: Trial, exit_code: int | None, result: RunResult | None) -> None:
     _check_seed_reached_run(trial, result, sweep)
-    status = result["status"] if result else "failed"
+    status = result.status if result else "failed"
     if result is None:
       note = f" (no result.json; exit code {exit_code}, see {LOG_FILE})"
     else:
       note = f" (exit code {exit_code}, see {LOG_FILE})" if exit_code else ""
     log(_progress(i, n, trial, status, result, note))
     outcomes[i] = TrialOutcome(trial, status, False,
-                               result.get("time_to_target_s") if result else None, exit_code)
+                               result.time_to_target_s if result else None, exit_code)
     _update_hparams_config(workdir)
 
   if parallel <= 1:

@@ -6,17 +6,24 @@ import dataclasses
 import tensorflow as tf
 
 from replibench.engine import InputContext, Replicator
+from replibench.engine.regimes import Regime
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
-  """What the compiler fixed about a run, handed to the workload at build time."""
+  """What the compiler fixed about a run, handed to the workload at build time.
+
+  regime: how replicas turn gradients into updates. The workload builds its
+  optimizers with `regime.build_optimizer` and applies gradients with
+  `regime.apply_gradients` (or `apply_gradients_jointly`), never by itself.
+  """
 
   global_batch_size: int
   num_replicas: int
   seed: int
   steps_per_epoch: float    # Training steps per pass over the training set.
   total_steps: int          # The budget: the run stops here if the target is not met.
+  regime: Regime            # The replicator's own (its step metrics are read from it).
 
 
 class Workload(abc.ABC):
@@ -30,13 +37,25 @@ class Workload(abc.ABC):
   name: str = "workload"
   target_metric: str = "eval/metric"     # Key of `evaluate`'s result checked against the target.
   higher_is_better: bool = True
+  # The values target_metric can take: Experiment.target must lie within (a target
+  # outside could never, or always, be met).
+  target_range: tuple[float, float] = (float("-inf"), float("inf"))
   # True when input_fn reads state of this process (e.g. a replay buffer its actors
   # fill), so the step cannot run on another process (regimes.AsyncPS workers).
   host_local_input: bool = False
+  # The MLPerf Training benchmark this workload is a version of (its mllog's
+  # submission_benchmark), or None: the log then names the workload.
+  mlperf_benchmark: str | None = None
 
   @abc.abstractmethod
   def examples_per_epoch(self) -> int:
     """Training examples in one epoch."""
+
+  def check_config(self, spec: TrainSpec) -> None:
+    """Raises UserError if the workload's own configuration cannot work (e.g. a model
+    binding that does not build). Called at config time, outside any strategy, by
+    `plan` and `run` alike; must not need devices or the dataset."""
+    del spec
 
   @abc.abstractmethod
   def build(self, spec: TrainSpec) -> None:
@@ -62,6 +81,20 @@ class Workload(abc.ABC):
   @abc.abstractmethod
   def checkpoint_items(self) -> dict:
     """Trackables to checkpoint (models, optimizers, other state)."""
+
+  def prepare_evaluation(self, replicator: Replicator) -> None:
+    """Builds (traces) what evaluate() runs, during init: tracing must not fall into
+    the timed span."""
+    del replicator
+
+  def eval_examples(self) -> int:
+    """Examples (or episodes) one evaluation scores, for the MLPerf log."""
+    return 0
+
+  def mlperf_hyperparameters(self, spec: TrainSpec) -> dict:
+    """MLPerf log keys (e.g. opt_name, opt_base_learning_rate) and their values."""
+    del spec
+    return {}
 
   def after_train_call(self, step: int) -> None:
     """Host-side work after each compiled call of steps_per_call steps (e.g. publishing

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from replibench import engine
 from replibench.engine import cost
+from replibench.errors import UserError
 from replibench.workloads.base import TrainSpec, Workload
 from models.resnet import decayed_weights
 
@@ -24,6 +25,8 @@ class ImageClassification(Workload):
   """Supervised classification; target metric eval/top1 (fraction in [0, 1])."""
 
   target_metric = "eval/top1"
+  target_range = (0.0, 1.0)       # A fraction of the test set.
+  mlperf_benchmark = "resnet"     # The paper's (and MLPerf's) ResNet time-to-accuracy run.
 
   def __init__(self, model: Callable[..., keras.Model] = gin.REQUIRED,
                data=gin.REQUIRED, name: str = "image_classification",
@@ -48,15 +51,24 @@ class ImageClassification(Workload):
         initial_learning_rate=0.0 if warmup else peak, warmup_target=peak if warmup else None,
         warmup_steps=warmup, decay_steps=max(1, spec.total_steps - warmup))
 
+  def _optimizer(self, schedule) -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(schedule, momentum=self.momentum, nesterov=self.nesterov)
+
+  def check_config(self, spec: TrainSpec) -> None:
+    try:
+      self.model_fn(num_classes=self.data.num_classes)
+    except (ValueError, TypeError) as e:
+      raise UserError(f"ImageClassification.model ({getattr(self.model_fn, '__name__', '?')}) "
+                      f"does not build with these bindings: {' '.join(str(e).split())}") from None
+
   def build(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
     self.model = self.model_fn(num_classes=self.data.num_classes)
     self.schedule = self._schedule(spec)
-    self.optimizer = keras.optimizers.SGD(self.schedule, momentum=self.momentum,
-                                          nesterov=self.nesterov)
+    self.optimizer = self._optimizer(self.schedule)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    engine.build_optimizer(self.optimizer, self.model.trainable_variables)
+    spec.regime.build_optimizer(self.optimizer, self.model.trainable_variables)
 
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     return self.data.train(ctx, self.spec.seed)
@@ -73,7 +85,7 @@ class ImageClassification(Workload):
       # Each replica adds 1/N of the L2 term, so the summed gradient has it once.
       l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
       loss += self.weight_decay * l2 / engine.num_replicas()
-    engine.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
+    self.spec.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
     # `loss` is this replica's share (1/N of its local mean): times N it is the local
     # mean, and the engine averages outputs over replicas (no collective of its own).
     return {"loss": loss * engine.num_replicas()}
@@ -85,22 +97,35 @@ class ImageClassification(Workload):
                                              labels), tf.float32))
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
+  def prepare_evaluation(self, replicator: engine.Replicator) -> None:
+    data = replicator.distribute(self.data.eval, self.eval_batch_size)
+
+    @tf.function
+    def eval_all():
+      correct, count = tf.constant(0.0), tf.constant(0.0)
+      for batch in data:
+        c, n = replicator.reduce(replicator.run(self._eval_step, batch), "sum")
+        correct, count = correct + c, count + n
+      return correct, count
+
+    eval_all.get_concrete_function()   # Traced in init, not in the timed span.
+    self._eval_fn = eval_all
+
   def evaluate(self, replicator: engine.Replicator) -> dict:
     if self._eval_fn is None:
-      data = replicator.distribute(self.data.eval, self.eval_batch_size)
-
-      @tf.function
-      def eval_all():
-        correct, count = tf.constant(0.0), tf.constant(0.0)
-        for batch in data:
-          c, n = replicator.run(self._eval_step, batch)
-          correct += replicator.reduce(c, "sum")
-          count += replicator.reduce(n, "sum")
-        return correct, count
-
-      self._eval_fn = eval_all
+      self.prepare_evaluation(replicator)
     correct, count = self._eval_fn()
     return {"eval/top1": float(correct / count), "eval/examples": int(count)}
+
+  def eval_examples(self) -> int:
+    return self.data.eval_examples()
+
+  def mlperf_hyperparameters(self, spec: TrainSpec) -> dict:
+    schedule = self._schedule(spec)
+    return {"opt_name": "sgd", "opt_base_learning_rate": self.base_lr_per_256 *
+            spec.global_batch_size / 256, "opt_learning_rate_warmup_steps": schedule.warmup_steps,
+            "opt_momentum": self.momentum, "opt_weight_decay": self.weight_decay,
+            "label_smoothing": self.label_smoothing}
 
   def checkpoint_items(self) -> dict:
     return {"model": self.model, "optimizer": self.optimizer}
@@ -122,6 +147,8 @@ class ImageClassification(Workload):
         "forward_flops_per_example": forward,
         "train_flops_per_example": 3 * forward,   # forward + backward (about 2x forward)
         "allreduce_bytes_per_step": cost.gradient_bytes(model),
+        "gradient_tensors": cost.sizes(model.trainable_variables),
+        "state_tensors": cost.state_sizes(self._optimizer(schedule), model.trainable_variables),
         "learning_rate": {"peak": self.base_lr_per_256 * spec.global_batch_size / 256,
                           "warmup_steps": schedule.warmup_steps,
                           "decay": f"cosine over {schedule.decay_steps} steps"},

@@ -71,6 +71,7 @@ class D4PG(Workload):
 
   target_metric = "eval/return"
   higher_is_better = True
+  target_range = (0.0, 1000.0)   # dm_control: rewards in [0, 1] over 1,000-step episodes.
   host_local_input = True   # The learner samples the replay its actors fill in this process.
 
   def __init__(self, env: envs.EnvConfig | None = None, name: str = "d4pg",
@@ -117,6 +118,13 @@ class D4PG(Workload):
     return self.networks_fn(obs.shape, action.minimum, action.maximum,
                             pixels=self.env_config.pixels)
 
+  def check_config(self, spec: TrainSpec) -> None:
+    try:
+      self._make_networks()
+    except (ValueError, TypeError) as e:
+      raise UserError(f"D4PG: the networks do not build with these bindings: "
+                      f"{' '.join(str(e).split())}") from None
+
   def build_learner(self, spec: TrainSpec) -> None:
     """Networks and optimizers only (call under the replicator's scope); build() adds
     the actors. Tests drive step_fn on fixed data after this."""
@@ -127,8 +135,8 @@ class D4PG(Workload):
     # global_clipnorm acts on the full gradient: the engine reduces before applying.
     self.critic_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
     self.policy_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
-    engine.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
-    engine.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
+    spec.regime.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
+    spec.regime.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)
@@ -191,7 +199,7 @@ class D4PG(Workload):
     critic_grads = tape.gradient(critic, critic_vars)
     policy_grads = tape.gradient(policy, policy_vars)
     del tape
-    engine.apply_gradients_jointly([(self.critic_optimizer, critic_grads, critic_vars),
+    self.spec.regime.apply_gradients_jointly([(self.critic_optimizer, critic_grads, critic_vars),
                                     (self.policy_optimizer, policy_grads, policy_vars)])
     if isinstance(self.replay, replay_lib.PrioritizedReplay):
       tf.py_function(self.feeder.update_priorities, [batch["key"], critic_per_example], [])
@@ -239,6 +247,16 @@ class D4PG(Workload):
       self._mean_fn = tf.function(lambda x: replicator.reduce(
           replicator.run(lambda: tf.identity(x)), "mean"))
     return self._mean_fn(tf.constant(values)).numpy()
+
+  def eval_examples(self) -> int:
+    return self.eval_episodes
+
+  def mlperf_hyperparameters(self, spec: TrainSpec) -> dict:
+    del spec
+    hp = self.networks.hparams
+    return {"opt_name": "adam", "opt_base_learning_rate": hp.learning_rate,
+            "opt_gradient_clip_norm": hp.clip_norm, "n_step": hp.n_step,
+            "discount": hp.discount}
 
   def evaluate(self, replicator: engine.Replicator) -> dict:
     """eval/return (mean over episodes and workers), eval/return_min (this worker's),
@@ -313,5 +331,9 @@ class D4PG(Workload):
         "forward_flops_per_example": cost.graph_flops(losses, *specs),
         "train_flops_per_example": cost.graph_flops(train, *specs),   # Losses + gradients.
         "allreduce_bytes_per_step": int(sum(4 * np.prod(v.shape) for v in trained)),
+        "gradient_tensors": cost.sizes(trained),
+        "state_tensors": (
+            cost.state_sizes(keras.optimizers.Adam(), nets.critic_variables)
+            + cost.state_sizes(keras.optimizers.Adam(), nets.policy_variables)),
         "learning_rate": {"peak": nets.hparams.learning_rate, "schedule": "constant (Adam)"},
     }

@@ -9,7 +9,7 @@ Replication does not change the math: the latent z and the fake labels of every
 update are drawn for the whole global batch from a stateless seed of (seed,
 generator step, update index) and each replica takes its slice, so the noise
 does not depend on the replica count; the hinge losses are scaled with
-engine.average_loss and applied with engine.apply_gradients (global-batch
+engine.average_loss and applied with the regime's apply_gradients (global-batch
 gradients); the generator's batch norm must be cross-replica (the configs bind
 sngan_generator.norm_layer = @engine.cross_replica_batch_norm). Each
 discriminator call with training=True advances its spectral-norm u vectors
@@ -61,6 +61,7 @@ class ConditionalGAN(Workload):
 
   target_metric = "eval/fid"
   higher_is_better = False
+  target_range = (0.0, float("inf"))   # FID is a distance.
 
   def __init__(self, generator=gin.REQUIRED, discriminator=gin.REQUIRED, data=gin.REQUIRED,
                scorer=gin.REQUIRED, name: str = "sngan", n_dis: int = 5,
@@ -100,14 +101,21 @@ class ConditionalGAN(Workload):
     return keras.optimizers.Adam(self.lr, beta_1=self.beta_1, beta_2=self.beta_2,
                                  epsilon=self.epsilon, name=name)
 
+  def check_config(self, spec: TrainSpec) -> None:
+    try:
+      self._make_models()
+    except (ValueError, TypeError) as e:
+      raise UserError(f"ConditionalGAN: the generator or discriminator does not build with "
+                      f"these bindings: {' '.join(str(e).split())}") from None
+
   def build(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
     self.generator, self.discriminator = self._make_models()
     self.g_optimizer, self.d_optimizer = self._adam("g_adam"), self._adam("d_adam")
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    engine.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
-    engine.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
+    spec.regime.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
+    spec.regime.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
     self._noise_seed = tf.constant([spec.seed, 0x5A6A], tf.int64)
     self._make_eval_inputs(spec.seed)
     # Outside the timed span: classifier, reference statistics, real-data scores.
@@ -175,7 +183,7 @@ class ConditionalGAN(Workload):
       # Hinge loss: mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))) over the global batch.
       loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
                                  self.spec.global_batch_size)
-    engine.apply_gradients(self.d_optimizer, tape.gradient(loss, variables), variables)
+    self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
   def _generator_update(self, step, b):
@@ -186,7 +194,7 @@ class ConditionalGAN(Workload):
                                   training=True)
       # Generator hinge loss: -mean(D(G(z))) over the global batch.
       loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
-    engine.apply_gradients(self.g_optimizer, tape.gradient(loss, variables), variables)
+    self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(loss, variables), variables)
     return loss
 
   def step_fn(self, batch) -> dict:
@@ -208,6 +216,22 @@ class ConditionalGAN(Workload):
       images = self._sample(self._eval_z[i:j], self._eval_labels[i:j]).numpy()
       outputs.append(self.scorer.featurize(images))
     return (np.concatenate([f for f, _ in outputs]), np.concatenate([p for _, p in outputs]))
+
+  def prepare_evaluation(self, replicator: engine.Replicator) -> None:
+    del replicator   # Sampling runs on the host from the (identical) replica-0 weights.
+    for z, labels in ((self._eval_z[:self.eval_batch_size],
+                       self._eval_labels[:self.eval_batch_size]),
+                      (self._grid_z, self._grid_labels)):
+      self._sample.get_concrete_function(z, labels)   # Traced in init, not in the timed span.
+
+  def eval_examples(self) -> int:
+    return self.eval_num_samples
+
+  def mlperf_hyperparameters(self, spec: TrainSpec) -> dict:
+    del spec
+    return {"opt_name": "adam", "opt_base_learning_rate": self.lr,
+            "opt_adam_beta_1": self.beta_1, "opt_adam_beta_2": self.beta_2,
+            "opt_adam_epsilon": self.epsilon, "n_dis": self.n_dis}
 
   def evaluate(self, replicator: engine.Replicator) -> dict:
     del replicator  # Sampling runs on the host from the (identical) replica-0 weights.
@@ -250,6 +274,11 @@ class ConditionalGAN(Workload):
         "train_flops_per_example": train_flops,
         "allreduce_bytes_per_step": (self.n_dis * cost.gradient_bytes(discriminator)
                                      + cost.gradient_bytes(generator)),
+        # n_dis discriminator updates and one generator update per step.
+        "gradient_tensors": (self.n_dis * cost.sizes(discriminator.trainable_variables)
+                             + cost.sizes(generator.trainable_variables)),
+        "state_tensors": (cost.state_sizes(self._adam("g"), generator.trainable_variables)
+                          + cost.state_sizes(self._adam("d"), discriminator.trainable_variables)),
         "learning_rate": {"generator": self.lr, "discriminator": self.lr,
                           "adam_betas": (self.beta_1, self.beta_2), "n_dis": self.n_dis},
     }

@@ -1,10 +1,10 @@
-"""Training regimes (gin module `regimes`): how replicas turn gradients into updates."""
+"""Synchronous training regimes (gin module `regimes`): how replicas turn gradients into
+updates. Asynchronous parameter servers (regimes.AsyncPS) live in engine/ps."""
 
-from replibench.engine.regimes.async_ps import AsyncPS
-from replibench.engine.regimes.base import Regime, Sync, activate, active
+from replibench.engine.regimes.base import GRADIENTS, STATE, Regime, Sync, tensor_sizes
 from replibench.engine.regimes.compressed import Compressed
-from replibench.engine.regimes.gossip import Gossip
+from replibench.engine.regimes.gossip import Complete, Gossip, Graph, RandomMatching, Ring
 from replibench.engine.regimes.local_sgd import LocalSGD
 
-__all__ = ["activate", "active", "AsyncPS", "Compressed", "Gossip", "LocalSGD", "Regime",
-           "Sync"]
+__all__ = ["Complete", "Compressed", "Gossip", "GRADIENTS", "Graph", "LocalSGD",
+           "RandomMatching", "Regime", "Ring", "STATE", "Sync", "tensor_sizes"]

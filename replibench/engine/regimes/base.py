@@ -1,37 +1,37 @@
 """The training regime: how replicas combine their work into parameter updates.
 
 A regime is chosen in gin like a topology (`Experiment.regime = @regimes.LocalSGD()`)
-and changes nothing in model or workload code. Workloads call two engine
-functions, and the regime active on the current Replicator decides what they do:
+and changes nothing in model code. The harness hands it to the replicator and
+to the workload (TrainSpec.regime); the workload calls it:
 
-  engine.build_optimizer(optimizer, variables)   at build time, under scope()
-  engine.apply_gradients(optimizer, grads, vars)  inside step_fn
+  regime.build_optimizer(optimizer, variables)    at build time, under scope()
+  regime.apply_gradients(optimizer, grads, vars)  inside step_fn
 
 `Sync` (the default) all-reduces the gradients once and applies them, the
-paper's synchronous data parallelism. Other regimes (local SGD, compressed,
-gossip, asynchronous parameter servers) live beside it in this package.
+paper's synchronous data parallelism. Other synchronous regimes (local SGD,
+compressed, gossip) live beside it in this package; asynchronous
+parameter-server training has a replicator of its own (engine/ps).
+
+Each regime states what it sends with one formula, `wire_bytes`, which the
+plan (from the model's tensor sizes) and the run (from the traced tensors)
+both use.
 """
 
-import contextlib
-
 import gin
-import tensorflow as tf
 
-from replibench.engine.regimes.step_metrics import StepMetrics, payload_bytes
+from replibench.engine import aggregation
+from replibench.engine.regimes.step_metrics import StepMetrics
 
-# A module global, not a thread-local: MirroredStrategy traces each replica's
-# step in a thread of its own, and those threads must see the regime too.
-_ACTIVE = None
+GRADIENTS, STATE = "gradient", "state"   # What a regime sends: see Regime.exchanges.
 
 
 class Regime:
-  """Base class: synchronous all-reduce semantics, overridable piece by piece."""
+  """Base class: synchronous semantics, overridable piece by piece."""
 
   name = "abstract"
-  # > 0 when each replica step runs on one of this many workers with no
-  # collective between them (AsyncPS); the engine's collectives then act on
-  # one worker's values (see collectives.py).
-  asynchronous_workers = 0
+  # What the regime's communication carries per step: GRADIENTS (one copy of the
+  # gradients) or STATE (parameters and optimizer slots), for wire_bytes.
+  exchanges = GRADIENTS
 
   def check(self, topology) -> None:
     """Raises UserError if this regime cannot run on topology (called before any device work)."""
@@ -39,23 +39,11 @@ class Regime:
   def check_workload(self, workload) -> None:
     """Raises UserError if this regime cannot train workload (called before any device work)."""
 
-  def serve(self, topology) -> None:
-    """On a process that only serves the regime's cluster (e.g. a parameter server),
-    runs that server and never returns; on processes that train, returns at once."""
-
-  def begin_step(self) -> list:
-    """Called inside the replicated step just before step_fn (e.g. to read a counter).
-
-    Returns tensors that every op of step_fn must run after (default none).
-    """
-    return []
-
-  def make_strategy(self, topology) -> tf.distribute.Strategy:
-    """The tf.distribute strategy this regime runs on (the topology's, by default)."""
-    return topology.make_strategy()
-
   def build_optimizer(self, optimizer, variables: list) -> None:
-    """Creates optimizer slots and any regime state for these variables (under scope())."""
+    """Creates optimizer slots and any regime state for these variables (under scope()).
+
+    Keras 3 optimizers must be built before the first traced step.
+    """
     optimizer.build(variables)
 
   def apply_gradients(self, optimizer, grads: list, variables: list) -> None:
@@ -79,14 +67,35 @@ class Regime:
     """
     return {}
 
-  def describe(self, gradient_bytes: int, num_replicas: int) -> dict:
-    """Static facts for `replibench plan` (e.g. bytes communicated per step)."""
-    del gradient_bytes, num_replicas
-    return {"regime": self.name}
+  def wire_bytes(self, sizes: list[int], num_replicas: int) -> float:
+    """Bytes one replica sends per step, for float32 tensors of these sizes (entries).
+
+    sizes: the tensors `exchanges` names (gradients of every optimizer step in
+    a training step, or parameters and slots). The unit is each replica's own
+    payload; a ring all-reduce moves about twice that per replica.
+    """
+    del num_replicas
+    return 4.0 * sum(sizes)
+
+  def describe(self, sizes: list[int] | None, num_replicas: int) -> dict:
+    """Static facts for `replibench plan`: the regime and its bytes per replica and step."""
+    facts = {"regime": self.setting()}
+    if sizes is not None:
+      facts["bytes_communicated_per_step"] = round(self.wire_bytes(sizes, num_replicas))
+    return facts
+
+  def setting(self) -> str:
+    """The regime and its settings in one string, e.g. "compressed(bits=8)"."""
+    return self.name
 
   def hparams(self) -> dict:
     """Regime settings for TensorBoard's HParams view and result.json."""
     return {"regime": self.name}
+
+
+def tensor_sizes(tensors) -> list[int]:
+  """Entries of each tensor (None skipped), for wire_bytes."""
+  return [t.shape.num_elements() for t in tensors if t is not None]
 
 
 @gin.configurable(module="regimes")
@@ -107,32 +116,9 @@ class Sync(Regime):
     self.apply_gradients_jointly([(optimizer, grads, variables)])
 
   def apply_gradients_jointly(self, updates):
-    from replibench.engine import aggregation  # pylint: disable=import-outside-toplevel
     aggregation.sync_apply_gradients_jointly(updates)
-    for _, grads, _ in updates:
-      self._metrics.add("regime/bytes_communicated", float(payload_bytes(grads)))
+    sizes = [s for _, grads, _ in updates for s in tensor_sizes(grads)]
+    self._metrics.add("regime/bytes_communicated", self.wire_bytes(sizes, 0))
 
   def step_metrics(self):
     return self._metrics.take()
-
-  def describe(self, gradient_bytes, num_replicas):
-    return {"regime": self.name, "bytes_communicated_per_step": gradient_bytes}
-
-
-def active() -> Regime:
-  """The regime of the Replicator whose scope or step is being built (Sync if none)."""
-  return _ACTIVE or _DEFAULT
-
-
-@contextlib.contextmanager
-def activate(regime: Regime):
-  """Makes regime the one engine.apply_gradients / build_optimizer use, for a block."""
-  global _ACTIVE  # pylint: disable=global-statement
-  previous, _ACTIVE = _ACTIVE, regime
-  try:
-    yield regime
-  finally:
-    _ACTIVE = previous
-
-
-_DEFAULT = Sync()

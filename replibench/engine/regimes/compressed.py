@@ -134,7 +134,6 @@ class Compressed(Regime):
             for i, x in enumerate(values)]
 
   def apply_gradients(self, optimizer, grads, variables):
-    aggregation._take_over_reduction(optimizer)  # pylint: disable=protected-access
     pairs = [(tf.convert_to_tensor(g), v) for g, v in zip(grads, variables) if g is not None]
     corrected = [g for g, _ in pairs]
     if self.lossless:
@@ -149,19 +148,21 @@ class Compressed(Regime):
       for r, x, c in zip(residuals, corrected, compressed):
         r.assign(x - c)
     reduced = collectives.all_reduce(compressed, "sum")
-    optimizer.apply_gradients([(g, v) for g, (_, v) in zip(reduced, pairs)])
+    aggregation.apply_reduced(optimizer, reduced, [v for _, v in pairs])
     sizes = [x.shape.num_elements() for x in corrected]
-    sent, sync = self.wire_bytes(sizes), 4 * sum(sizes)
-    self._metrics.add("regime/bytes_communicated", float(sent))
-    self._metrics.add("regime/sync_bytes", float(sync))
+    self._metrics.add("regime/bytes_communicated", float(self.wire_bytes(sizes, 0)))
+    self._metrics.add("regime/sync_bytes", float(4 * sum(sizes)))
 
-  def wire_bytes(self, sizes: list) -> int:
-    """Bytes the compressed format sends for float32 tensors of these sizes (entries)."""
+  def wire_bytes(self, sizes, num_replicas):
+    """What the compressed format sends for float32 tensors of these sizes (entries):
+    b/8 bytes per entry plus a 4-byte scale per tensor (bits), or 8 bytes per kept
+    entry (value + index; top_k)."""
+    del num_replicas
     if self.top_k is not None:
-      return sum(8 * kept_entries(n, self.top_k) for n in sizes)
+      return float(sum(8 * kept_entries(n, self.top_k) for n in sizes))
     if self.lossless:
-      return sum(4 * n for n in sizes)
-    return sum(math.ceil(n * self.bits / 8) + 4 for n in sizes)
+      return float(sum(4 * n for n in sizes))
+    return float(sum(math.ceil(n * self.bits / 8) + 4 for n in sizes))
 
   def step_metrics(self):
     metrics = self._metrics.take()
@@ -170,20 +171,8 @@ class Compressed(Regime):
           metrics.pop("regime/sync_bytes") / metrics["regime/bytes_communicated"])
     return metrics
 
-  def _setting(self) -> str:
-    return f"bits={self.bits}" if self.bits is not None else f"top_k={self.top_k}"
-
-  def describe(self, gradient_bytes, num_replicas):
-    del num_replicas
-    facts = {"regime": f"{self.name}({self._setting()})"}
-    if gradient_bytes is not None:
-      entries = gradient_bytes // 4   # float32 gradients
-      # The 4-byte scale per tensor (bits) is left out: the plan has no tensor count.
-      facts["bytes_communicated_per_step"] = (
-          8 * round(self.top_k * entries) if self.top_k is not None
-          else gradient_bytes if self.bits == LOSSLESS_BITS
-          else math.ceil(entries * self.bits / 8))
-    return facts
+  def setting(self):
+    return f"{self.name}({'bits=%d' % self.bits if self.bits is not None else 'top_k=%g' % self.top_k})"
 
   def hparams(self):
     return {"regime": self.name, "bits": self.bits or 0, "top_k": self.top_k or 0.0}

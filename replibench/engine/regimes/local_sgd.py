@@ -18,7 +18,7 @@ import gin
 import tensorflow as tf
 
 from replibench.engine.regimes import replica_state
-from replibench.engine.regimes.base import Regime
+from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 
@@ -28,6 +28,7 @@ class LocalSGD(Regime):
   """Local steps on every replica; parameters and slots averaged every sync_every steps."""
 
   name = "local_sgd"
+  exchanges = STATE
 
   def __init__(self, sync_every: int = 8):
     if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
@@ -45,20 +46,19 @@ class LocalSGD(Regime):
     averaging = tf.equal(optimizer.iterations % self.sync_every, 0)
     replica_state.average_when(averaging, state)
     # What each replica contributes to the all-reduce: its parameters and slots.
-    self._metrics.add("regime/bytes_communicated",
-                      tf.where(averaging, float(replica_state.state_bytes(state)), 0.0))
+    sent = float(self.sync_every * self.wire_bytes(replica_state.state_sizes(state), 0))
+    self._metrics.add("regime/bytes_communicated", tf.where(averaging, sent, 0.0))
 
   def step_metrics(self):
     return self._metrics.take()
 
-  def describe(self, gradient_bytes, num_replicas):
-    facts = {"regime": f"{self.name}(sync_every={self.sync_every})"}
+  def wire_bytes(self, sizes, num_replicas):
+    """Parameters and slots, once every sync_every steps: per step on average."""
     del num_replicas
-    if gradient_bytes is not None:
-      # Parameters only, per step on average; each optimizer slot (e.g. momentum)
-      # adds as much again.
-      facts["bytes_communicated_per_step"] = round(gradient_bytes / self.sync_every)
-    return facts
+    return 4.0 * sum(sizes) / self.sync_every
+
+  def setting(self):
+    return f"{self.name}(sync_every={self.sync_every})"
 
   def hparams(self):
     return {"regime": self.name, "sync_every": self.sync_every}

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from replibench.engine import aggregation, collectives
+from replibench.engine.cost import optimizer_slots  # noqa: F401  (re-exported for regimes)
 
 
 def tf_variable(variable) -> tf.Variable:
@@ -30,21 +31,9 @@ def tf_variable(variable) -> tf.Variable:
   return variable.value if isinstance(variable, keras.Variable) else variable
 
 
-def optimizer_slots(optimizer) -> list:
-  """The optimizer's per-parameter state (momenta, moments) that replicas mix.
-
-  Floating variables only, and not those Keras keeps identical by construction
-  (aggregation 'only_first_replica': the iteration counter, a constant learning
-  rate).
-  """
-  return [v for v in optimizer.variables
-          if tf.as_dtype(v.dtype).is_floating and v.aggregation != "only_first_replica"]
-
-
-def state_bytes(variables: list) -> int:
-  """Bytes of one copy of variables (all shapes fully defined)."""
-  return int(sum(v.shape.num_elements() * tf.as_dtype(v.dtype).size
-                 for v in map(tf_variable, variables)))
+def state_sizes(variables: list) -> list[int]:
+  """Entries of each variable (all shapes fully defined), for Regime.wire_bytes."""
+  return [v.shape.num_elements() for v in map(tf_variable, variables)]
 
 
 def apply_local(optimizer, grads: list, variables: list) -> None:
@@ -56,10 +45,9 @@ def apply_local(optimizer, grads: list, variables: list) -> None:
   replicas, that is the sync gradient). clipnorm / global_clipnorm act on
   this local gradient: a local step has no other.
   """
-  aggregation._take_over_reduction(optimizer)  # pylint: disable=protected-access
   n = float(collectives.num_replicas())
-  optimizer.apply_gradients([(_scaled(g, n), v) for g, v in zip(grads, variables)
-                             if g is not None])
+  aggregation.apply_reduced(optimizer, [None if g is None else _scaled(g, n) for g in grads],
+                            variables)
 
 
 def _scaled(grad, factor: float):

@@ -35,16 +35,42 @@ class Experiment:
   regime: Regime = dataclasses.field(default_factory=Sync)   # How replicas combine updates.
 
   def __post_init__(self):
+    """The one validation of a config, shared by `replibench plan` and `run`."""
     self._check_types()
-    if self.global_batch_size <= 0 or self.train_epochs <= 0 or self.eval_every_epochs <= 0:
-      raise UserError(
-          "Experiment.global_batch_size, train_epochs and eval_every_epochs must be positive "
-          f"(got {self.global_batch_size}, {self.train_epochs}, {self.eval_every_epochs}).")
+    self._check_values()
     try:
       per_replica_batch_size(self.global_batch_size, self.topology.num_replicas)
     except UserError as e:
       raise UserError(f"Experiment.global_batch_size = {self.global_batch_size} with "
                       f"{self.topology.describe()}: {e}") from None
+    self.regime.check(self.topology)
+    self.regime.check_workload(self.workload)
+
+  def check_models(self) -> None:
+    """Builds the workload's models once (UserError if a model binding does not build).
+
+    Apart from __post_init__ because it initialises TensorFlow, which some strategies
+    must configure first: `plan` calls it at once, `run` right after the replicator
+    exists and before anything is written.
+    """
+    self.workload.check_config(self.train_spec())
+
+  def _check_values(self):
+    positive = {"global_batch_size": self.global_batch_size, "train_epochs": self.train_epochs,
+                "eval_every_epochs": self.eval_every_epochs,
+                "checkpoint_every_epochs": self.checkpoint_every_epochs,
+                "steps_per_call": self.steps_per_call, "log_every_steps": self.log_every_steps}
+    for name, value in positive.items():
+      if not (math.isfinite(value) and value > 0):
+        raise UserError(f"Experiment.{name} = {value!r}: must be a positive, finite number.")
+    if self.seed < 0:
+      raise UserError(f"Experiment.seed = {self.seed}: must be >= 0.")
+    low, high = self.workload.target_range
+    if not (math.isfinite(self.target) and low <= self.target <= high):
+      raise UserError(
+          f"Experiment.target = {self.target!r}: {self.workload.target_metric} of "
+          f"{type(self.workload).__name__} lies in [{low}, {high}], so this target could "
+          f"never (or always) be met; choose a finite value in that range.")
 
   def _check_types(self):
     expected = {"workload": Workload, "topology": Topology, "global_batch_size": int,
@@ -83,4 +109,4 @@ class Experiment:
     return TrainSpec(global_batch_size=self.global_batch_size,
                      num_replicas=num_replicas or self.topology.num_replicas,
                      seed=self.seed, steps_per_epoch=self.steps_per_epoch,
-                     total_steps=self.total_steps)
+                     total_steps=self.total_steps, regime=self.regime)

@@ -1,10 +1,17 @@
-"""`replibench plan`: what a config will do, computed without training or devices."""
+"""`replibench plan`: what a config will do, computed without training or devices.
 
-from replibench.compiler.experiment import Experiment
+Workloads describe themselves (Workload.describe): parameters, FLOPs, and the
+sizes of the tensors a step communicates (gradient_tensors: every optimizer
+step's gradients; state_tensors: parameters and optimizer slots), to which the
+regime applies its byte formula.
+"""
+
+from replibench.config.experiment import Experiment
 
 
 def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
+  experiment.check_models()
   spec = experiment.train_spec()
   facts = experiment.workload.describe(spec)
   flops = facts.get("train_flops_per_example")
@@ -22,8 +29,10 @@ def make_plan(experiment: Experiment) -> dict:
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
-      # The regime's name/settings and what it sends per replica and step.
-      **experiment.regime.describe(facts.get("allreduce_bytes_per_step"), topology.num_replicas),
+      # The regime's name/settings and what it sends per replica and step (its own
+      # formula, applied to the tensors it exchanges).
+      **experiment.regime.describe(facts.get(f"{experiment.regime.exchanges}_tensors"),
+                                   topology.num_replicas),
       "examples_per_epoch": experiment.workload.examples_per_epoch(),
       "steps_per_epoch": round(experiment.steps_per_epoch, 2),
       "train_epochs": experiment.train_epochs,

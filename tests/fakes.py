@@ -1,15 +1,13 @@
-"""A stand-in for `replibench run`: writes plausible result.json files, trains nothing.
-
-For tests of the suite (and of CLI wiring) and for trying a sweep file quickly:
-`run_sweep(..., runner=fake.FakeRunner())`.
+"""A stand-in for `replibench run` in the suite's tests: writes plausible results, trains
+nothing. `run_sweep(..., runner=fakes.FakeRunner())`. Results go through RunResult, so a
+field the schema does not know, or a wrong type, fails here as it would for a real run.
 """
 
 import os
 import re
 from typing import Any, Callable
 
-from replibench import atomic
-from replibench.suite.results import RESULT_FILE
+from replibench import results
 from replibench.suite.sweep_file import Trial
 
 
@@ -51,7 +49,7 @@ def fake_result(*, seed: int = 1, num_replicas: int = 1, num_workers: int = 1,
 
 def write_result(trial_dir: str, result: dict[str, Any]) -> None:
   os.makedirs(trial_dir, exist_ok=True)
-  atomic.write_json(os.path.join(trial_dir, RESULT_FILE), result)
+  results.write(trial_dir, results.RunResult.from_dict(result, "a fake result"))
 
 
 def trial_scale(trial: Trial) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""Optimizer updates that are atomic under concurrent writers (regimes.AsyncPS).
+"""Optimizer updates that are atomic under concurrent writers (asynchronous workers).
 
 Keras 3 optimizers update a variable and its slots with separate reads and
 writes: Adam computes `v += (g^2 - v) * (1 - beta_2)` from a read of v, then
@@ -22,13 +22,14 @@ staleness asynchronous training has by design, not a race.
 import keras
 import tensorflow as tf
 
+from replibench import internals
 from replibench.errors import UserError
 
 
 def _slot_handles(optimizer, variable, *slot_lists: str) -> list:
   """Resource handles of this variable's slots in the optimizer's named slot lists."""
-  index = optimizer._get_variable_index(variable)   # pylint: disable=protected-access
-  return [getattr(optimizer, name)[index].value.handle for name in slot_lists]
+  return [internals.optimizer_slot(optimizer, variable, name).value.handle
+          for name in slot_lists]
 
 
 def _adam_update(optimizer):
@@ -102,5 +103,5 @@ def make_updates_atomic(optimizer) -> None:
         f"Adam (and their subclasses, e.g. AdamW); the workload's optimizer is "
         f"{type(optimizer).__name__}, whose read-then-write update would race between "
         f"workers. Use SGD or Adam, or a synchronous regime.")
-  counter = optimizer._iterations   # pylint: disable=protected-access
+  counter = internals.optimizer_iterations(optimizer)
   counter.assign_add = _atomic_increment(counter)

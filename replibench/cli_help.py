@@ -1,0 +1,72 @@
+"""`replibench --help` and `replibench COMMAND --help`: the subcommands and their flags."""
+
+import dataclasses
+
+from absl import flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  summary: str
+  usage: str
+  flags: tuple[str, ...]
+  example: str
+
+
+COMMANDS = {
+    "run": Command(
+        "Compile a gin config and train it to its target (or resume the run in --workdir).",
+        "replibench run --gin_file=F [--gin_file=G] [--gin_bindings='X.y = 1'] --workdir=DIR "
+        "[--max_steps=N]",
+        ("gin_file", "gin_bindings", "workdir", "max_steps"),
+        "replibench run --gin_file=configs/resnet/fashion_mnist.gin --workdir=runs/fmnist"),
+    "plan": Command(
+        "Compile a config without training: replicas, batch, FLOPs, bytes, schedule, target.",
+        "replibench plan --gin_file=F [--gin_bindings=B] [--json]",
+        ("gin_file", "gin_bindings", "json"),
+        "replibench plan --gin_file=configs/resnet/imagenet_tpu32.gin"),
+    "launch": Command(
+        "Start a cluster of processes on this machine (TF_CONFIG on 127.0.0.1) and run a "
+        "command in each.",
+        "replibench launch --workers N [--ps P] [--cpus_per_worker K] [--timeout S] -- run ...",
+        ("workers", "ps", "cpus_per_worker", "timeout"),
+        "replibench launch --workers 2 --cpus_per_worker 1 -- run "
+        "--gin_file=configs/resnet/fashion_mnist.gin --gin_file=configs/topology/workers.gin "
+        "--workdir=runs/w2"),
+    "sweep": Command(
+        "Run every trial of a sweep file (TOML), resuming an interrupted sweep.",
+        "replibench sweep --sweep=S --workdir=DIR [--seeds=K] [--gin_file=F] [--gin_bindings=B]",
+        ("sweep", "workdir", "seeds", "gin_file", "gin_bindings"),
+        "replibench sweep --sweep=configs/resnet/scaling.sweep --workdir=runs/scaling"),
+    "report": Command(
+        "Aggregate a sweep's trials: table, report.json/.md and plots.",
+        "replibench report DIR [--out=OUT] [--json]",
+        ("out",),
+        "replibench report runs/scaling --out=results/latest/resnet"),
+    "compare": Command(
+        "Compare a sweep (or report.json) with a baseline; exit 1 on a regression.",
+        "replibench compare NEW --baseline=B [--factors=metric=fraction,...] [--normalize]",
+        ("baseline", "factors", "normalize"),
+        "replibench compare runs/scaling --baseline=results/resnet/baseline.json"),
+}
+
+EXIT_CODES = ("Exit codes: 0 success; 1 failure (a regression, a failed trial, a crash); "
+              "2 bad input (one paragraph naming the culprit, nothing written); 3 diverged.")
+
+
+def overview() -> str:
+  width = max(map(len, COMMANDS))
+  lines = ["usage: replibench COMMAND [flags]   (replibench COMMAND --help for its flags)", "",
+           "commands:"]
+  lines += [f"  {name.ljust(width)}  {c.summary}" for name, c in COMMANDS.items()]
+  return "\n".join(lines + ["", EXIT_CODES])
+
+
+def command_help(name: str) -> str:
+  command = COMMANDS[name]
+  lines = [f"usage: {command.usage}", "", command.summary, "", "flags:"]
+  for flag_name in command.flags:
+    flag = flags.FLAGS[flag_name]
+    default = "" if flag.default in (None, [], "") else f" (default: {flag.default_as_str})"
+    lines.append(f"  --{flag_name}: {flag.help}{default}")
+  return "\n".join(lines + ["", "example:", f"  {command.example}", "", EXIT_CODES])

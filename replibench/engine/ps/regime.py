@@ -1,0 +1,126 @@
+"""regimes.AsyncPS: each worker applies its own updates to variables on parameter servers.
+
+The regime is what the workload sees (build_optimizer, apply_gradients); the
+cluster, the coordinator and the step live in ps/replicator.py. Semantics,
+chosen so that sync and async numbers compare:
+
+  * The global batch B is split over the W workers. A worker update runs the
+    workload's step_fn on B/W examples, whose loss is scaled by
+    average_loss(.., B), so its gradient is 1/W of its batch-mean gradient, and
+    applies it to the ps variables at once (no all-reduce, no waiting).
+  * W updates make one harness step (B examples), so steps, epochs and
+    examples-to-target mean what they mean under Sync; with W = 1 async is sync.
+    A learning-rate schedule advances one step per W updates.
+  * How close W updates come to one sync step depends on the optimizer: with
+    SGD (momentum aside) and zero staleness they add up to it; Adam's step does
+    not scale with the gradient, so each update is a full-size Adam step.
+  * Updates are atomic per variable (locked_updates): each variable's update
+    is one TF training kernel holding the locks of the variable and its slots,
+    and optimizer.iterations counts every update. Keras' own update reads,
+    then writes, and concurrent workers corrupted Adam's slots (the SN-GAN
+    diverged at W = 4). Only SGD and Adam are wired; others are refused.
+  * Staleness ('regime/staleness', mean per call): replica steps of other
+    workers that completed between a step's start (its read of the variables)
+    and its own update, counted on one atomic counter on the ps.
+"""
+
+import threading
+
+import gin
+import keras
+import tensorflow as tf
+
+from replibench import internals
+from replibench.engine import aggregation, topology as topology_lib
+from replibench.engine.ps import locked_updates
+from replibench.engine.regimes.base import Regime, tensor_sizes
+from replibench.errors import UserError
+
+
+class _StepsOfUpdates(keras.optimizers.schedules.LearningRateSchedule):
+  """A harness-step schedule read at optimizer update u: schedule(u // updates_per_step)."""
+
+  def __init__(self, schedule, updates_per_step: int):
+    self.schedule, self.updates_per_step = schedule, updates_per_step
+
+  def __call__(self, step):
+    return self.schedule(tf.convert_to_tensor(step) // self.updates_per_step)
+
+  def get_config(self):
+    return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "updates_per_step": self.updates_per_step}
+
+
+@gin.configurable(module="regimes")
+class AsyncPS(Regime):
+  """Workers update variables on parameter servers independently (no synchronisation).
+
+  Needs Experiment.topology = @topology.MultiWorker() and a TF_CONFIG with one
+  chief, the workers and the ps (configs/topology/ps.gin). engine.make_replicator
+  gives it an AsyncReplicator.
+  """
+
+  name = "async_ps"
+
+  def __init__(self):
+    self.workers = 1              # W, set by the replicator from TF_CONFIG.
+    self._updates = None          # Replica steps completed over all workers (on a ps).
+    self._local = threading.local()
+
+  def attach(self, workers: int, updates_counter: tf.Variable) -> None:
+    """Called by the AsyncReplicator once it knows the cluster."""
+    self.workers, self._updates = workers, updates_counter
+
+  def check(self, topology):
+    if not isinstance(topology, topology_lib.MultiWorker):
+      raise UserError(
+          f"Experiment.regime = @regimes.AsyncPS() needs Experiment.topology = "
+          f"@topology.MultiWorker() (a chief, workers and parameter servers listed in "
+          f"TF_CONFIG), got {topology.describe()}. For a try on this machine include "
+          f"configs/topology/ps.gin and run `replibench launch --workers 2 --ps 1 -- run ...`.")
+    if topology.replicas_per_worker != 1:
+      raise UserError(
+          f"topology.MultiWorker.replicas_per_worker = {topology.replicas_per_worker}: "
+          f"regimes.AsyncPS runs one replica per worker (one update per worker at a time).")
+
+  def check_workload(self, workload):
+    if workload.host_local_input:
+      raise UserError(
+          f"Experiment.workload {type(workload).__name__} ({workload.name}) reads its "
+          f"training input from state in the chief's process (e.g. a replay buffer), which "
+          f"parameter-server workers cannot reach, so Experiment.regime = "
+          f"@regimes.AsyncPS() cannot train it; use a synchronous regime.")
+
+  def build_optimizer(self, optimizer, variables):
+    optimizer.build(variables)
+    locked_updates.make_updates_atomic(optimizer)
+    # The schedule's steps are harness steps: W updates each. The public setter
+    # takes the wrapped schedule.
+    schedule = internals.optimizer_schedule(optimizer)
+    if (isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule)
+        and not isinstance(schedule, _StepsOfUpdates)):
+      optimizer.learning_rate = _StepsOfUpdates(schedule, max(1, self.workers))
+
+  def begin_step(self) -> list:
+    """Reads the update counter before step_fn reads the model; returns the read, which
+    every op of the step must follow (otherwise it may run as late as the update)."""
+    self._local.before = self._updates.read_value()
+    self._local.applied, self._local.sent = [], []
+    return [self._local.before]
+
+  def apply_gradients(self, optimizer, grads, variables):
+    # No all-reduce: this worker's gradient goes straight to the ps variables.
+    aggregation.apply_reduced(optimizer, grads, variables)
+    # Read after the update (ordered by the variable): step_metrics counts after it.
+    self._local.applied.append(tf.convert_to_tensor(optimizer.iterations))
+    self._local.sent += tensor_sizes(grads)
+
+  def step_metrics(self):
+    with tf.control_dependencies(self._local.applied):
+      after = self._updates.assign_add(1, read_value=True)
+    staleness = after - self._local.before - 1
+    return {"regime/staleness": tf.cast(staleness, tf.float32),
+            "regime/bytes_communicated": tf.constant(self.wire_bytes(self._local.sent, 0))}
+
+  # wire_bytes (the base's): per worker update, the gradient pushed to the ps, as Sync
+  # counts per replica. Pulling the parameters back moves as many bytes again.

@@ -1,0 +1,179 @@
+"""AsyncReplicator: the Replicator interface over ParameterServerStrategy.
+
+The cluster (TF_CONFIG; `replibench launch --workers W --ps P` on one machine)
+is a chief, W workers and P parameter servers. Variables live on the ps.
+Worker and ps processes run no training code, only a tf.distribute.Server
+(serve.py, started by the CLI); the chief runs the harness: it builds the
+model, dispatches worker updates through a ClusterCoordinator, evaluates inline
+(the model called on the chief, its variables read from the ps) and writes
+checkpoints.
+
+  * The workers jointly read the stream one pipeline would feed W replicas:
+    worker w takes replica w's batches, so the W workers' r-th batches together
+    are Sync's r-th global batch (every worker's pipeline computes the whole
+    stream and keeps 1/W of it: a CPU cost of W times the input pipeline).
+  * Inside a worker's step the collectives see W replicas that all hold this
+    worker's values (WorkerGroup): num_replicas() is W, replica_id() the
+    worker's index, a sum is W times the value (a loss scaled by average_loss
+    reads on the global-batch scale), anything else the worker's own value.
+  * Each call schedules steps_per_call * W updates and waits for all of them:
+    a barrier per call, where evaluation and checkpoints happen. A larger
+    Experiment.steps_per_call leaves the workers more asynchronous.
+  * Fault tolerance (the coordinator's): an update whose worker fails is run
+    again on another worker, or on the restarted one (`replibench launch`
+    restarts it), so it may be applied twice; a restarted worker rebuilds its
+    input pipeline from the first batch of the run's data position.
+  * Checkpoints hold the ps variables; a resumed run's data stream restarts at
+    the checkpointed step's global batch. Which worker read what, and updates
+    in flight, are not restored.
+"""
+
+import contextlib
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from replibench.engine import cluster, collectives
+from replibench.engine.ps import serve
+from replibench.engine.ps.regime import AsyncPS
+from replibench.engine.replicator import InputContext, per_replica_batch_size
+from replibench.errors import UserError
+
+
+class WorkerGroup(collectives.ReplicaGroup):
+  """The collectives of a step that runs alone on one of W asynchronous workers."""
+
+  def __init__(self, workers: int):
+    self.workers = workers
+
+  def num_replicas(self) -> int:
+    return self.workers
+
+  def replica_id(self) -> tf.Tensor:
+    return tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int32)
+
+  def all_reduce(self, x, op: str):
+    return tf.nest.map_structure(lambda t: t * self.workers if op == "sum" else tf.identity(t), x)
+
+  def all_gather(self, x, axis: int):
+    return x
+
+  def broadcast(self, x, source_replica: int):
+    return tf.nest.map_structure(tf.identity, x)
+
+
+class AsyncReplicator:
+  """Replicates single-device training code over asynchronous parameter-server workers."""
+
+  def __init__(self, topology, regime: AsyncPS):
+    regime.check(topology)
+    self.topology, self.regime = topology, regime
+    spec = serve.check_cluster(topology)
+    if spec.task_type != "chief":
+      raise UserError(
+          f"TF_CONFIG makes this process {spec.task_type} #{spec.task_index}: under "
+          f"regimes.AsyncPS only the chief trains; other tasks serve (`replibench run` "
+          f"does that by itself).")
+    self.strategy = tf.distribute.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver())   # Variables not partitioned.
+    if self.strategy.num_replicas_in_sync != 1:
+      raise UserError(
+          f"regimes.AsyncPS runs one replica per worker; these workers have "
+          f"{self.strategy.num_replicas_in_sync} GPUs each. Hide all but one "
+          f"(CUDA_VISIBLE_DEVICES) or use a synchronous regime.")
+    self.num_workers = spec.count("worker")   # Training workers (not the chief, the ps).
+    self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+    with self.strategy.scope():
+      counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="async_ps_updates")
+    regime.attach(self.num_workers, counter)
+
+  @property
+  def num_replicas(self) -> int:
+    """One per worker: the global batch is split over all of them."""
+    return self.num_workers
+
+  @property
+  def is_chief(self) -> bool:
+    return True   # Only the chief runs a replicator.
+
+  @contextlib.contextmanager
+  def scope(self):
+    """Variables created here live on the parameter servers."""
+    with self.strategy.scope():
+      yield
+
+  def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
+                 global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+    """The chief evaluates inline: one plain pipeline at the global batch size."""
+    return input_fn(InputContext(global_batch_size, 0, 1, 1, start_step))
+
+  def run(self, step_fn: Callable, *args, **kwargs):
+    """Runs step_fn inline on the chief (evaluation; variables are read from the ps)."""
+    return step_fn(*args, **kwargs)
+
+  def reduce(self, values, op: str = "mean"):
+    """run() was inline: one pipeline, nothing to reduce."""
+    del op
+    return values
+
+  def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
+              steps_per_call: int = 1, start_step: int = 0) -> "AsyncStep":
+    """Runs steps_per_call * W worker updates of step_fn per call."""
+    if steps_per_call < 1:
+      raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
+    return AsyncStep(self, step_fn, input_fn, global_batch_size, steps_per_call, start_step)
+
+
+class AsyncStep:
+  """CompiledStep's interface over the coordinator: call it to run one call's updates.
+
+  Each call schedules steps_per_call * W worker updates (each a replica step of
+  step_fn on the next batch of whichever worker runs it), waits for all of them
+  and returns their outputs averaged, as host values.
+  """
+
+  def __init__(self, replicator: AsyncReplicator, step_fn, input_fn, global_batch_size: int,
+               steps_per_call: int, start_step: int):
+    workers, strategy, regime = (replicator.num_workers, replicator.strategy,
+                                 replicator.regime)
+    self.coordinator, self.steps_per_call = replicator.coordinator, steps_per_call
+    self._updates_per_call = steps_per_call * workers
+    # One pipeline's view for W replicas: per-replica batches, in replica order.
+    ctx = InputContext(per_replica_batch_size(global_batch_size, workers), 0, 1, workers,
+                       start_step)
+
+    def dataset_fn(tf_ctx):
+      del tf_ctx   # ParameterServerStrategy gives every worker pipeline 0 of 1.
+      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+      return input_fn(ctx).shard(workers, worker)
+
+    @tf.function
+    def per_worker_dataset():
+      return strategy.distribute_datasets_from_function(dataset_fn)
+
+    self.iterator = iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
+    group = WorkerGroup(workers)
+
+    def replica_fn(batch):
+      with collectives.replica_group(group):
+        with tf.control_dependencies(regime.begin_step()):
+          outputs = step_fn(batch)
+        return {**outputs, **regime.step_metrics()}
+
+    @tf.function
+    def update(iterator):
+      return strategy.run(replica_fn, args=(next(iterator),))
+
+    self._update = update
+
+  def trace(self) -> None:
+    """Builds the update's graph without running it (part of init, not of the timed run)."""
+    self._update.get_concrete_function(self.iterator)
+
+  def __call__(self) -> dict:
+    results = [self.coordinator.schedule(self._update, args=(self.iterator,))
+               for _ in range(self._updates_per_call)]
+    self.coordinator.join()
+    outputs = [r.fetch() for r in results]
+    return tf.nest.map_structure(lambda *values: np.mean(values, axis=0), *outputs)

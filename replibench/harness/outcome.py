@@ -1,0 +1,66 @@
+"""A run's RunResult, made from the harness's state at the end of a session."""
+
+from replibench import results
+from replibench.harness import provenance
+
+
+def make_result(run, status: str) -> results.RunResult:
+  """The result of `run` (a harness _Run) that ended with status."""
+  exp, state = run.experiment, run.state
+  step, reached_at = int(run.step.numpy()), state.reached_at
+  reached = status == results.REACHED
+  throughput = state.throughput or {}
+  return results.RunResult(
+      status=status, workload=run.workload.name,
+      target_metric=run.workload.target_metric, target=exp.target,
+      higher_is_better=run.workload.higher_is_better,
+      time_to_target_s=float(run.elapsed.numpy()) if reached else None,
+      init_s=round(run.init_s, 3), total_s=round(float(run.elapsed.numpy()), 3),
+      steps_to_target=reached_at if reached else None,
+      epochs_to_target=reached_at / run.spec.steps_per_epoch if reached else None,
+      examples_to_target=reached_at * exp.global_batch_size if reached else None,
+      final_metric=state.curve[-1][2] if state.curve else None, final_step=step,
+      final_metrics=state.last_eval, metrics_at_target=state.at_target if reached else None,
+      examples_per_s=throughput.get("examples_per_s"),
+      first_call_s=_rounded(throughput.get("first_call_s")),
+      regime=exp.regime.hparams(), regime_metrics=state.regime_means(),
+      budget={"total_steps": exp.total_steps, "limit": run.limit}, curve=state.curve,
+      sessions=state.sessions, resumed=max(0, len(state.sessions) - 1),
+      operative_config=run.operative_config,
+      machine=provenance.machine(throughput.get("calibration")),
+      **describe(run), **provenance.versions())
+
+
+def failed_result(run, error: Exception) -> results.RunResult:
+  """What result.json says while a run that raised waits to be resumed."""
+  exp = run.experiment
+  return results.RunResult(
+      status=results.FAILED, workload=run.workload.name,
+      target_metric=run.workload.target_metric, target=exp.target,
+      higher_is_better=run.workload.higher_is_better, final_step=int(run.step.numpy()),
+      budget={"total_steps": exp.total_steps, "limit": run.limit},
+      error=f"{type(error).__name__}: {error}", curve=run.state.curve,
+      sessions=run.state.sessions, **describe(run), **provenance.versions())
+
+
+def describe(run) -> dict:
+  """The run's topology and batch, as result fields."""
+  exp = run.experiment
+  return {"topology": exp.topology.describe(), "scaling_kind": exp.topology.kind,
+          "num_workers": run.replicator.num_workers,
+          "num_replicas": run.replicator.num_replicas,
+          "global_batch_size": exp.global_batch_size, "seed": exp.seed,
+          "hparams": hparams(run)}
+
+
+def hparams(run) -> dict:
+  """What TensorBoard's HParams view and the suite group runs by."""
+  exp = run.experiment
+  return {"topology": exp.topology.describe(), "scaling_kind": exp.topology.kind,
+          "num_replicas": run.replicator.num_replicas,
+          "global_batch_size": exp.global_batch_size, "seed": exp.seed,
+          **exp.regime.hparams(), **run.workload.hparams()}
+
+
+def _rounded(value):
+  return None if value is None else round(value, 3)

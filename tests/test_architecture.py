@@ -1,0 +1,135 @@
+"""The architecture holds: no import cycle, models/ knows nothing of replibench, and
+dependencies point the way README's architecture section draws them.
+
+Imports are read from the source (ast), not by importing, so the test sees every
+module-level and function-level import statement as written.
+"""
+
+import ast
+import os
+
+from tests import helpers
+
+ROOTS = ("replibench", "models")
+# Package -> packages it may import (besides itself and the top-level helper modules).
+ALLOWED = {
+    "models": set(),
+    "replibench.engine": set(),
+    "replibench.data": set(),
+    "replibench.eval": {"replibench.data"},
+    "replibench.rl": set(),
+    "replibench.workloads": {"models", "replibench.engine", "replibench.data",
+                             "replibench.eval", "replibench.rl"},
+    "replibench.config": {"models", "replibench.engine", "replibench.workloads",
+                          "replibench.data", "replibench.eval", "replibench.rl"},
+    "replibench.harness": {"replibench.engine", "replibench.config", "replibench.workloads"},
+    "replibench.suite": set(),
+}
+# Modules every package may use: they import nothing else of replibench.
+LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
+          "replibench.results"}
+
+
+def _modules() -> dict[str, str]:
+  """{dotted module name: path} for every .py file under the roots."""
+  found = {}
+  for root in ROOTS:
+    for dirpath, _, files in os.walk(os.path.join(helpers.REPO, root)):
+      for name in files:
+        if name.endswith(".py"):
+          path = os.path.join(dirpath, name)
+          rel = os.path.relpath(path, helpers.REPO)[:-3].replace(os.sep, ".")
+          found[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
+  return found
+
+
+def _imports(path: str, module: str, known: set[str]) -> set[str]:
+  """The project modules that path imports (a package import counts as its __init__)."""
+  tree = ast.parse(open(path).read(), path)
+  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+      names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    else:
+      continue
+    out.update(n for n in names if n in known)
+  return out - {module}
+
+
+def _graph() -> dict[str, set[str]]:
+  modules = _modules()
+  known = set(modules)
+  return {m: _imports(p, m, known) for m, p in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """A cycle as a list of modules (first == last), or None."""
+  state, stack = {}, []
+
+  def visit(node):
+    state[node] = "open"
+    stack.append(node)
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == "open":
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in state and (found := visit(nxt)):
+        return found
+    stack.pop()
+    state[node] = "done"
+    return None
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return None
+
+
+def _package(module: str) -> str:
+  parts = module.split(".")
+  return parts[0] if parts[0] == "models" else ".".join(parts[:2])
+
+
+def test_no_import_cycle_between_modules():
+  cycle = _cycle(_graph())
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages():
+  packages: dict[str, set[str]] = {}
+  for module, imports in _graph().items():
+    packages.setdefault(_package(module), set()).update(
+        _package(i) for i in imports if _package(i) != _package(module) and i not in LEAVES)
+  cycle = _cycle(packages)
+  assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_dependencies_point_the_documented_way():
+  wrong = []
+  for module, imports in _graph().items():
+    allowed = ALLOWED.get(_package(module))
+    if allowed is None:
+      continue
+    for target in imports:
+      if target in LEAVES or _package(target) == _package(module):
+        continue
+      if _package(target) not in allowed:
+        wrong.append(f"{module} imports {target}")
+  assert not wrong, "\n".join(wrong)
+
+
+def test_models_import_nothing_of_replibench():
+  offenders = [m for m, imports in _graph().items() if m.startswith("models")
+               and any(i.startswith("replibench") for i in imports)]
+  assert not offenders, offenders
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set()}) is None

@@ -1,0 +1,107 @@
+"""Every private Keras / TensorFlow / gin name replibench uses (replibench/internals.py)
+still exists and still does what the engine relies on, on the installed versions.
+
+When a release moves one of them, the failing test names it; the fix belongs in
+internals.py alone.
+"""
+
+import inspect
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from replibench import internals
+
+
+def test_optimizer_reduction_hook_exists_and_is_what_keras_calls():
+  optimizer = keras.optimizers.SGD(0.1)
+  assert callable(getattr(optimizer, "_all_reduce_sum_gradients", None)), (
+      "keras TF optimizer._all_reduce_sum_gradients moved")
+  source = inspect.getsource(type(optimizer)._backend_update_step)
+  assert "_all_reduce_sum_gradients" in source, "Keras no longer reduces gradients there"
+
+
+def test_skipping_the_optimizer_reduction_applies_each_replicas_own_gradient():
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  finals = {}
+  for skip in (False, True):
+    with strategy.scope():
+      w = keras.Variable(np.zeros(2, np.float32))
+      optimizer = keras.optimizers.SGD(1.0)
+      optimizer.build([w])
+    if skip:
+      internals.skip_optimizer_gradient_reduction(optimizer)
+
+    _replica_step(strategy, optimizer, w)()
+    finals[skip] = [c.numpy() for c in strategy.experimental_local_results(w.value)]
+  np.testing.assert_array_equal(finals[False], [[-3.0, -3.0]] * 2)   # Keras summed 1 + 2.
+  np.testing.assert_array_equal(finals[True], [[-1.0, -1.0], [-2.0, -2.0]])   # Each its own.
+
+
+def _replica_step(strategy, optimizer, w):
+  """A tf.function in which replica r applies the gradient [r + 1, r + 1] to w."""
+  def fn():
+    replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+    optimizer.apply_gradients([(tf.fill([2], replica + 1.0), w)])
+  return tf.function(lambda: strategy.run(fn))
+
+
+@pytest.mark.parametrize("make,slot_lists", [
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9), ["momentums"]),
+    (lambda: keras.optimizers.Adam(), ["_momentums", "_velocities"]),
+    (lambda: keras.optimizers.Adam(amsgrad=True), ["_momentums", "_velocities", "_velocity_hats"]),
+])
+def test_optimizer_slots_iterations_and_schedule_are_where_internals_looks(make, slot_lists):
+  variables = [keras.Variable(np.ones(3, np.float32)), keras.Variable(np.ones(2, np.float32))]
+  optimizer = make()
+  optimizer.build(variables)
+  for name in slot_lists:
+    slot = internals.optimizer_slot(optimizer, variables[1], name)
+    assert tuple(slot.shape) == (2,), name
+  assert internals.optimizer_iterations(optimizer) is optimizer.iterations
+  schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+  optimizer.learning_rate = schedule
+  assert internals.optimizer_schedule(optimizer) is schedule
+
+
+def test_batch_norm_moments_hook_and_reduction_axes():
+  signature = inspect.signature(keras.layers.BatchNormalization._moments)
+  assert list(signature.parameters) == ["self", "inputs", "mask"], signature
+  calls = []
+
+  class Recording(keras.layers.BatchNormalization):
+    pass
+
+  def moments(layer, inputs, mask):
+    calls.append(internals.batch_norm_reduction_axes(layer))
+    return tf.zeros(inputs.shape[-1]), tf.ones(inputs.shape[-1])
+
+  internals.replace_batch_norm_moments(Recording, moments)
+  layer = Recording(epsilon=0.0)
+  out = layer(tf.fill([2, 3, 3, 4], 5.0), training=True)
+  assert calls == [[0, 1, 2]]
+  np.testing.assert_allclose(out.numpy(), 5.0)   # (x - 0) / sqrt(1): our moments were used.
+
+
+def test_gin_search_path_is_added_once(tmp_path):
+  before = list(gin.config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  try:
+    internals.add_gin_search_path(str(tmp_path))
+    internals.add_gin_search_path(str(tmp_path))
+    prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
+    assert prefixes.count(str(tmp_path)) == 1
+  finally:
+    gin.config._LOCATION_PREFIXES[:] = before  # pylint: disable=protected-access
+
+
+def test_graph_flops_counts_a_matmul():
+  graph = tf.function(lambda a, b: tf.matmul(a, b)).get_concrete_function(
+      tf.TensorSpec([4, 5]), tf.TensorSpec([5, 6])).graph
+  assert internals.count_graph_flops(graph) == 2 * 4 * 5 * 6
+
+
+def test_the_versions_checked_are_recorded():
+  assert set(internals.CHECKED_WITH) == {"keras", "tensorflow", "gin-config"}
