@@ -6,7 +6,10 @@ step's gradients; state_tensors: parameters and optimizer slots), to which the
 regime applies its byte formula.
 """
 
+import tensorflow as tf
+
 from replibench.config.experiment import Experiment
+from replibench.engine import communication
 
 
 def make_plan(experiment: Experiment) -> dict:
@@ -39,11 +42,31 @@ def make_plan(experiment: Experiment) -> dict:
       "total_steps": experiment.total_steps,
       "steps_per_call": experiment.steps_per_call,
       "learning_rate": facts.get("learning_rate"),
+      "communication": communication_account(experiment),
       "eval_every_steps": experiment.eval_every_steps,
       "target_metric": experiment.workload.target_metric,
       "target": experiment.target,
       "seed": experiment.seed,
   }
+
+
+def communication_account(experiment: Experiment) -> dict | None:
+  """Collectives one replica issues per step, by kind, from a trace of one replica's
+  step (engine/communication.py). The counts do not depend on the replica count;
+  each forward collective under a gradient tape adds one in the backward pass
+  (cross-replica batch norm: two per layer), which the run's account counts."""
+  workload, regime = experiment.workload, experiment.regime
+  spec = experiment.train_spec()
+  workload.build_learner(spec)
+  per_replica = experiment.global_batch_size // experiment.topology.num_replicas
+  element = workload.element_spec(per_replica)
+  if element is None:
+    return None
+  step = tf.function(lambda batch: {**workload.step_fn(batch), **regime.step_metrics()})
+  with communication.Ledger() as ledger:
+    outputs = step.get_concrete_function(element).structured_outputs
+    communication.record("outputs", [tf.zeros([len(outputs)])], cross_replica=True)
+  return communication.summarize(ledger.entries(), experiment.steps_per_call)
 
 
 def _human(key: str, value) -> str:
@@ -61,4 +84,13 @@ def _human(key: str, value) -> str:
 
 def format_plan(plan: dict) -> str:
   width = max(len(k) for k in plan)
-  return "\n".join(f"{k.ljust(width)}  {_human(k, v)}" for k, v in plan.items())
+  return "\n".join(f"{k.ljust(width)}  {_format(k, v)}" for k, v in plan.items())
+
+
+def _format(key: str, value) -> str:
+  if key == "communication" and isinstance(value, dict):
+    kinds = ", ".join(f"{k} {v['count']:g} x {_human('bytes', v['bytes'])}"
+                      for k, v in value["by_kind"].items())
+    return (f"{value['collectives_per_step']:g} collectives/step issued ({kinds}); "
+            f"+1 per batch-norm moment in a backward pass")
+  return _human(key, value)

@@ -33,7 +33,7 @@ def all_reduce_gradients(grads: list) -> list:
   present = [tf.convert_to_tensor(g) for g in grads if g is not None]
   if not present:
     return list(grads)
-  reduced = iter(collectives.all_reduce(present, "sum"))
+  reduced = iter(collectives.all_reduce(present, "sum", kind="gradients"))
   return [None if g is None else next(reduced) for g in grads]
 
 

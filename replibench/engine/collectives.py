@@ -9,11 +9,15 @@ A replicator whose replicas do not step together (engine.ps: each worker
 updates the parameter servers on its own) declares what its step_fn sees with
 `replica_group(...)` while it builds the step; these functions then ask that
 group instead of the ReplicaContext. Nothing here knows of training regimes.
+Each call is recorded, with the kind its caller names, in the communication
+account of the step being traced (engine/communication.py).
 """
 
 import contextlib
 
 import tensorflow as tf
+
+from replibench.engine import communication
 
 _REDUCE_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 _GATHER_OPS = {"max": tf.reduce_max, "min": tf.reduce_min}
@@ -88,36 +92,40 @@ def replica_id() -> tf.Tensor:
   return _group().replica_id()
 
 
-def all_reduce(x, op: str = "sum"):
+def all_reduce(x, op: str = "sum", kind: str = "other"):
   """Reduces a (nest of) tensor(s) over replicas; every replica gets the result.
 
   op is 'sum', 'mean', 'max' or 'min'. Sum and mean go through the strategy's
   all-reduce (a nest is packed into one collective); max and min (which
   tf.distribute.ReduceOp lacks) gather one value per replica and reduce
-  locally, which is exact for every dtype.
+  locally, which is exact for every dtype. kind names the collective in the
+  step's communication account (engine/communication.py).
   """
   if op in _REDUCE_OPS:
+    communication.record(kind, x)
     return _group().all_reduce(x, op)
   if op in _GATHER_OPS:
     reduce = _GATHER_OPS[op]
     return tf.nest.map_structure(
-        lambda t: reduce(all_gather(tf.expand_dims(t, 0), axis=0), axis=0), x)
+        lambda t: reduce(all_gather(tf.expand_dims(t, 0), axis=0, kind=kind), axis=0), x)
   raise ValueError(f"all_reduce op must be one of {OPS}, got {op!r}.")
 
 
-def all_gather(x, axis: int = 0):
+def all_gather(x, axis: int = 0, kind: str = "other"):
   """Concatenates every replica's x along axis, in replica order."""
+  communication.record(kind, x)
   return _group().all_gather(x, axis)
 
 
-def broadcast(x, source_replica: int = 0):
+def broadcast(x, source_replica: int = 0, kind: str = "other"):
   """Every replica receives source_replica's value of x (a nest of tensors, not bool)."""
   if any(tf.as_dtype(t.dtype).is_bool for t in tf.nest.flatten(x)):
     raise TypeError("broadcast does not take bool tensors; cast to int32 first.")
+  communication.record(kind, x)
   return _group().broadcast(x, source_replica)
 
 
-def permute(x, source):
+def permute(x, source, kind: str = "parameters"):
   """Neighbour exchange: each replica receives x from the replica(s) it names.
 
   x: a nest of tensors (same shapes on every replica). source: this replica's
@@ -132,5 +140,5 @@ def permute(x, source):
   neighbours ask for). Count communication as the point-to-point bytes.
   """
   expanded = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), x)
-  gathered = all_gather(expanded, axis=0)   # Each leaf: [num_replicas, ...].
+  gathered = all_gather(expanded, axis=0, kind=kind)   # Each leaf: [num_replicas, ...].
   return tf.nest.map_structure(lambda t: tf.gather(t, source, axis=0), gathered)

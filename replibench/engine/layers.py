@@ -46,7 +46,7 @@ def _global_moments(layer, inputs, mask):
   count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), tf.float32)
   sums = tf.reduce_sum(x, axes)
   local = tf.stack([sums, tf.reduce_sum(tf.square(x), axes), tf.ones_like(sums) * count])
-  total = collectives.all_reduce(local, "sum")
+  total = collectives.all_reduce(local, "sum", kind="batch_norm")
   mean = total[0] / total[2]
   variance = tf.maximum(total[1] / total[2] - tf.square(mean), 0.0)
   return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
@@ -76,8 +76,9 @@ class PerReplicaBatchNorm(keras.layers.BatchNormalization):
   def call(self, inputs, training=None, mask=None):
     if training or tf.distribute.get_replica_context() is None:
       return super().call(inputs, training=training, mask=mask)
-    stats = collectives.all_reduce(tf.stack([self.moving_mean.value, self.moving_variance.value]),
-                                   "mean")
+    stats = collectives.all_reduce(
+        tf.stack([self.moving_mean.value, self.moving_variance.value]), "mean",
+        kind="batch_norm")
     shape = [1] * len(inputs.shape)
     axis = self.axis if isinstance(self.axis, int) else self.axis[0]
     shape[axis] = inputs.shape[axis]

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster
+from replibench.engine import cluster, communication
 from replibench.engine.regimes.base import Regime, Sync
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
@@ -79,8 +79,31 @@ class CompiledStep:
                                  self.replicator.reduce(total, "mean"))
 
   def trace(self) -> None:
-    """Builds the graph without running a step (part of init, not of the timed run)."""
-    self._fn.get_concrete_function()
+    """Builds the graph without running a step (part of init, not of the timed run),
+    recording the step's collectives for communication()."""
+    with communication.Ledger() as ledger:
+      self._fn.get_concrete_function()
+    self._ledger = ledger
+
+  def communication(self, time_collectives: bool = True) -> dict:
+    """The step's communication account (engine/communication.py); after trace().
+
+    time_collectives runs the step's collectives alone a few times: on a
+    multi-worker cluster every worker must call this together.
+    """
+    entries = self._ledger.entries()
+    account = communication.summarize(entries, self.steps_per_call)
+    # The traced call holds one step (its function is shared by the loop) and the
+    # outputs' reduction.
+    graph_ops = communication.graph_collectives(self._fn.get_concrete_function())
+    if graph_ops:
+      outputs = sum(kind == "outputs" for kind, _ in entries)
+      account["graph_collectives_per_step"] = round(
+          graph_ops - outputs + outputs / self.steps_per_call, 3)
+    if time_collectives:
+      account["collective_s_per_step"] = round(
+          communication.time_alone(self.replicator.strategy, entries), 6)
+    return account
 
   def __call__(self) -> dict:
     return tf.nest.map_structure(lambda t: t.numpy(), self._fn())
@@ -176,6 +199,8 @@ class Replicator:
     for indices in by_dtype.values():
       leaves = [flat[i] for i in indices]
       packed = self.strategy.run(_flat_concat, args=leaves)
+      communication.record("outputs", self.strategy.experimental_local_results(packed)[0],
+                           cross_replica=True)
       reduced = self.strategy.reduce(reduce_op, packed, axis=None)
       shapes = [self.strategy.experimental_local_results(v)[0].shape for v in leaves]
       for i, part, shape in zip(indices, tf.split(reduced, [s.num_elements() for s in shapes]),

@@ -24,11 +24,26 @@ def make_result(run, status: str) -> results.RunResult:
       examples_per_s=throughput.get("examples_per_s"),
       first_call_s=_rounded(throughput.get("first_call_s")),
       regime=exp.regime.hparams(), regime_metrics=state.regime_means(),
+      communication=communication_account(run.communication, throughput.get("examples_per_s"),
+                                          exp.global_batch_size),
       budget={"total_steps": exp.total_steps, "limit": run.limit}, curve=state.curve,
       sessions=state.sessions, resumed=max(0, len(state.sessions) - 1),
       operative_config=run.operative_config,
       machine=provenance.machine(throughput.get("calibration")),
       **describe(run), **provenance.versions())
+
+
+def communication_account(account: dict, examples_per_s: float | None,
+                          global_batch_size: int) -> dict:
+  """The step's communication account, with the measured step time beside the time
+  its collectives take alone (their share of the step, a lower bound)."""
+  account = dict(account)
+  if examples_per_s:
+    step_s = global_batch_size / examples_per_s
+    account["step_s"] = round(step_s, 6)
+    if account.get("collective_s_per_step") is not None:
+      account["collective_fraction"] = round(min(1.0, account["collective_s_per_step"] / step_s), 4)
+  return account
 
 
 def failed_result(run, error: Exception) -> results.RunResult:

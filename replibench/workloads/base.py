@@ -61,6 +61,17 @@ class Workload(abc.ABC):
   def build(self, spec: TrainSpec) -> None:
     """Creates models and optimizers (called under Replicator.scope())."""
 
+  def build_learner(self, spec: TrainSpec) -> None:
+    """What step_fn needs and nothing more (models, optimizers): no data, scorers or
+    actor processes. `replibench plan` traces a step after it. Default: build()."""
+    self.build(spec)
+
+  def element_spec(self, per_replica_batch_size: int):
+    """The structure of one input_fn element (tf.TensorSpec nest), after build_learner;
+    None if the workload cannot say (the plan then has no communication account)."""
+    del per_replica_batch_size
+    return None
+
   @abc.abstractmethod
   def input_fn(self, ctx: InputContext) -> tf.data.Dataset:
     """One input pipeline of training batches at ctx.per_replica_batch_size."""

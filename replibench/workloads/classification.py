@@ -70,6 +70,10 @@ class ImageClassification(Workload):
     # Keras 3 optimizers must create their slots under the scope, before tracing.
     spec.regime.build_optimizer(self.optimizer, self.model.trainable_variables)
 
+  def element_spec(self, per_replica_batch_size: int):
+    return (tf.TensorSpec((per_replica_batch_size, *self.data.image_shape), tf.float32),
+            tf.TensorSpec((per_replica_batch_size,), tf.int32))
+
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     return self.data.train(ctx, self.spec.seed)
 

@@ -159,7 +159,8 @@ class D4PG(Workload):
 
   # -- data --------------------------------------------------------------------
 
-  def _output_signature(self, batch_size: int) -> dict:
+  def element_spec(self, per_replica_batch_size: int) -> dict:
+    batch_size = per_replica_batch_size
     obs = tuple(self.networks.obs_shape)
     obs_dtype = tf.uint8 if self.env_config.pixels else tf.float32
     action_dim = len(self.networks.action_low)
@@ -173,7 +174,7 @@ class D4PG(Workload):
 
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     """Batches sampled from this worker's replay as the actors fill it (endless)."""
-    signature = self._output_signature(ctx.per_replica_batch_size)
+    signature = self.element_spec(ctx.per_replica_batch_size)
     feeder, size = self.feeder, ctx.per_replica_batch_size
 
     def batches():

@@ -108,7 +108,7 @@ class ConditionalGAN(Workload):
       raise UserError(f"ConditionalGAN: the generator or discriminator does not build with "
                       f"these bindings: {' '.join(str(e).split())}") from None
 
-  def build(self, spec: TrainSpec) -> None:
+  def build_learner(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
     self.generator, self.discriminator = self._make_models()
@@ -117,6 +117,14 @@ class ConditionalGAN(Workload):
     spec.regime.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
     spec.regime.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
     self._noise_seed = tf.constant([spec.seed, 0x5A6A], tf.int64)
+
+  def element_spec(self, per_replica_batch_size: int):
+    b = per_replica_batch_size
+    return (tf.TensorSpec((self.n_dis, b, *self.data.image_shape), tf.float32),
+            tf.TensorSpec((self.n_dis, b), tf.int32))
+
+  def build(self, spec: TrainSpec) -> None:
+    self.build_learner(spec)
     self._make_eval_inputs(spec.seed)
     # Outside the timed span: classifier, reference statistics, real-data scores.
     self.real_scores = _outside_strategy(self.scorer.prepare, self.data, self.eval_num_samples)

@@ -171,6 +171,14 @@ class AsyncStep:
     """Builds the update's graph without running it (part of init, not of the timed run)."""
     self._update.get_concrete_function(self.iterator)
 
+  def communication(self, time_collectives: bool = True) -> dict:
+    """No collectives: each worker update pulls the variables it reads from the ps and
+    pushes its gradient there (regime/bytes_communicated counts the push)."""
+    del time_collectives
+    return {"collectives_per_step": 0.0, "bytes_per_step": 0, "by_kind": {},
+            "note": "asynchronous workers: variables pulled from and updates pushed to "
+                    "the parameter servers over gRPC, no collectives"}
+
   def __call__(self) -> dict:
     results = [self.coordinator.schedule(self._update, args=(self.iterator,))
                for _ in range(self._updates_per_call)]

@@ -147,7 +147,7 @@ class Compressed(Regime):
       compressed = self.compress(corrected, optimizer.iterations)
       for r, x, c in zip(residuals, corrected, compressed):
         r.assign(x - c)
-    reduced = collectives.all_reduce(compressed, "sum")
+    reduced = collectives.all_reduce(compressed, "sum", kind="gradients")
     aggregation.apply_reduced(optimizer, reduced, [v for _, v in pairs])
     sizes = [x.shape.num_elements() for x in corrected]
     self._metrics.add("regime/bytes_communicated", float(self.wire_bytes(sizes, 0)))

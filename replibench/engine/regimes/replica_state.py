@@ -22,7 +22,7 @@ plain reads and assigns.
 import keras
 import tensorflow as tf
 
-from replibench.engine import aggregation, collectives
+from replibench.engine import aggregation, collectives, communication
 from replibench.engine.cost import optimizer_slots  # noqa: F401  (re-exported for regimes)
 
 
@@ -124,7 +124,9 @@ def average_when(flag: tf.Tensor, variables: list) -> None:
     tf.cond(strategy.experimental_local_results(flags)[0], average,
             lambda: tf.constant(False))
 
-  tf.distribute.get_replica_context().merge_call(merge, args=(flag, read_flat(variables)))
+  flat = read_flat(variables)
+  communication.record("parameters", flat)   # Runs only when flag is true.
+  tf.distribute.get_replica_context().merge_call(merge, args=(flag, flat))
 
 
 def squared_consensus_distance(flat: tf.Tensor) -> tf.Tensor:
