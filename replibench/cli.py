@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
-from replibench import errors
+from replibench import errors, processes
 from replibench.cli_help import COMMANDS, command_help, overview
 from replibench.errors import UserError
 
@@ -26,6 +26,9 @@ flags.DEFINE_integer("ps", 0, "Parameter servers; > 0 adds a chief and these ps 
                      "(for Experiment.regime = @regimes.AsyncPS(), configs/topology/ps.gin).")
 flags.DEFINE_integer("cpus_per_worker", 0, "Pin each worker to this many cores (0: no pinning).")
 flags.DEFINE_float("timeout", None, "Stop all tasks after this many seconds.")
+flags.DEFINE_string("network", "none", "The cluster's link: 'none' (unlimited loopback) or a "
+                    "rate in tc's units (10gbit, 1gbit, 100mbit...), applied to the loopback "
+                    "of the launch's private network namespace.")
 flags.DEFINE_string("sweep", None, "The sweep declaration (TOML, beside the gin files).")
 flags.DEFINE_integer("seeds", None, "Run seeds 1..K instead of the sweep file's seeds.")
 flags.DEFINE_string("out", None, "Output directory (default DIR/report).")
@@ -90,7 +93,8 @@ def cmd_launch(args) -> int:
                     f"(0 leaves the workers unpinned).")
   if FLAGS.timeout is not None and not FLAGS.timeout > 0:
     raise UserError(f"--timeout={FLAGS.timeout}: must be a positive number of seconds.")
-  return launch(FLAGS.workers, args, FLAGS.cpus_per_worker, FLAGS.timeout, ps=FLAGS.ps)
+  return launch(FLAGS.workers, args, FLAGS.cpus_per_worker, FLAGS.timeout, ps=FLAGS.ps,
+                network=FLAGS.network)
 
 
 def cmd_sweep(args) -> int:
@@ -102,8 +106,14 @@ def cmd_sweep(args) -> int:
     raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
   outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
-                      bindings=FLAGS.gin_bindings)
+                      bindings=FLAGS.gin_bindings, validate=_validate_trial)
   return errors.EXIT_FAILURE if outcome.num_failed else errors.EXIT_OK
+
+
+def _validate_trial(trial) -> None:
+  """A sweep trial's config, loaded and its models built as `run` will (no training)."""
+  from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
+  load_experiment(list(trial.gin_files), list(trial.bindings)).check_models()
 
 
 def cmd_report(args) -> int:
@@ -159,6 +169,9 @@ def main(argv) -> int:
     logging.flush()
     print(f"replibench {command}: error: {' '.join(str(e).split())}", file=sys.stderr)
     return errors.EXIT_USER_ERROR
+  except processes.Terminated as e:
+    print(f"replibench {command}: stopped by signal {e.signum}.", file=sys.stderr)
+    return processes.exit_code(e.signum)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

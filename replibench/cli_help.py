@@ -26,10 +26,11 @@ COMMANDS = {
         ("gin_file", "gin_bindings", "json"),
         "replibench plan --gin_file=configs/resnet/imagenet_tpu32.gin"),
     "launch": Command(
-        "Start a cluster of processes on this machine (TF_CONFIG on 127.0.0.1) and run a "
-        "command in each.",
-        "replibench launch --workers N [--ps P] [--cpus_per_worker K] [--timeout S] -- run ...",
-        ("workers", "ps", "cpus_per_worker", "timeout"),
+        "Start a cluster of processes on this machine, in a private network namespace "
+        "(TF_CONFIG on its 127.0.0.1), and run a command in each.",
+        "replibench launch --workers N [--ps P] [--cpus_per_worker K] [--network RATE] "
+        "[--timeout S] -- run ...",
+        ("workers", "ps", "cpus_per_worker", "network", "timeout"),
         "replibench launch --workers 2 --cpus_per_worker 1 -- run "
         "--gin_file=configs/resnet/fashion_mnist.gin --gin_file=configs/topology/workers.gin "
         "--workdir=runs/w2"),
@@ -67,6 +68,6 @@ def command_help(name: str) -> str:
   lines = [f"usage: {command.usage}", "", command.summary, "", "flags:"]
   for flag_name in command.flags:
     flag = flags.FLAGS[flag_name]
-    default = "" if flag.default in (None, [], "") else f" (default: {flag.default_as_str})"
-    lines.append(f"  --{flag_name}: {flag.help}{default}")
+    default = "none" if flag.default in (None, [], "") else flag.default_as_str
+    lines.append(f"  --{flag_name}: {flag.help} (default: {default})")
   return "\n".join(lines + ["", "example:", f"  {command.example}", "", EXIT_CODES])

@@ -27,7 +27,7 @@ ALLOWED = {
 }
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
-          "replibench.results"}
+          "replibench.results", "replibench.processes"}
 
 
 def _modules() -> dict[str, str]:

@@ -36,7 +36,19 @@ class Checkpoints:
                        else os.path.join(workdir, f".scratch-{os.getpid()}"))
     if chief:
       _remove_leftovers(workdir, self.directory)
-    self.manager = tf.train.CheckpointManager(checkpoint, self._write_dir, max_to_keep=KEEP)
+    self.manager = self._manager(checkpoint)
+
+  def _manager(self, checkpoint) -> tf.train.CheckpointManager:
+    try:
+      return tf.train.CheckpointManager(checkpoint, self._write_dir, max_to_keep=KEEP)
+    except Exception as e:  # pylint: disable=broad-except  (a garbled state file)
+      state = os.path.join(self._write_dir, "checkpoint")
+      if not (self.chief and os.path.isfile(state)):
+        raise
+      logging.warning("%s is unreadable (%s); set aside, the checkpoints are found on disk.",
+                      state, type(e).__name__)
+      os.replace(state, state + ".corrupt")
+      return tf.train.CheckpointManager(checkpoint, self._write_dir, max_to_keep=KEEP)
 
   def save(self, step: int) -> None:
     self.manager.save(checkpoint_number=step)
@@ -47,17 +59,13 @@ class Checkpoints:
     """Restores the newest readable checkpoint; returns its path (None: none exists)."""
     corrupt = []
     for prefix in _candidates(self.directory):
-      try:
-        _readable(prefix)
-        status = self.checkpoint.read(prefix)
-      except (tf.errors.OpError, ValueError) as e:
-        if isinstance(e, ValueError) and not _is_corruption(e):
-          raise _mismatch(prefix, e) from None
-        corrupt.append((prefix, e))
+      error = _unreadable(prefix)
+      if error is not None:
+        corrupt.append((prefix, error))
         continue
       try:
-        status.assert_existing_objects_matched()
-      except AssertionError as e:
+        self.checkpoint.read(prefix).assert_existing_objects_matched()
+      except (AssertionError, ValueError) as e:   # Readable, but another model's.
         raise _mismatch(prefix, e) from None
       self._set_aside(corrupt)
       return prefix
@@ -97,18 +105,16 @@ def _candidates(directory: str) -> list[str]:
   return [p for _, p in sorted(numbered, reverse=True)]
 
 
-def _readable(prefix: str) -> None:
-  """Raises if the checkpoint's index or any of its tensors cannot be read back."""
-  reader = tf.train.load_checkpoint(prefix)
-  for name in reader.get_variable_to_shape_map():
-    reader.get_tensor(name)
-
-
-def _is_corruption(error: ValueError) -> bool:
-  """ValueErrors TF raises for unreadable files (others mean the model changed)."""
-  text = str(error)
-  return any(s in text for s in ("Unsuccessful TensorSliceReader", "corrupt", "truncated",
-                                 "not a valid", "Unable to open table"))
+def _unreadable(prefix: str) -> Exception | None:
+  """Why the checkpoint's index or one of its tensors cannot be read back (checksums
+  included), or None if every tensor reads."""
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except Exception as e:  # pylint: disable=broad-except  (DataLoss, IndexError, ValueError...)
+    return e
+  return None
 
 
 def _mismatch(prefix: str, error: Exception) -> UserError:

@@ -1,9 +1,14 @@
 """`replibench launch`: a cluster of processes on this machine, wired by TF_CONFIG.
 
 For trying a multi-worker topology locally; on a cluster, the launcher of your
-choice (Kubeflow, SLURM scripts...) sets TF_CONFIG instead. Tasks listen on
-free ports of 127.0.0.1 and their output is streamed with a `[job i]` prefix;
-the launcher's own lines start with `[launch]` (on stderr).
+choice (Kubeflow, SLURM scripts...) sets TF_CONFIG instead. The launcher first
+re-runs itself in a private network namespace (netns.py): the tasks' gRPC
+servers, which TensorFlow binds to every interface, are then reachable from the
+cluster's own loopback and from nowhere else; `--network=RATE` rate-limits that
+loopback. Tasks listen on free ports of 127.0.0.1 there and their output is
+streamed with a `[job i]` prefix; the launcher's own lines start with `[launch]`
+(on stderr). Every task dies with the launcher (also on SIGKILL), and SIGTERM
+or SIGINT to the launcher stops the cluster.
 
   --ps 0 (synchronous, MultiWorkerMirrored): W 'worker' tasks, all training. If
       any fails the others are stopped and launch exits with its code.
@@ -15,6 +20,7 @@ the launcher's own lines start with `[launch]` (on stderr).
       a ps that dies ends the launch (variables live there).
 """
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -24,9 +30,10 @@ import sys
 import threading
 import time
 
+from replibench import errors, processes
 from replibench.engine import cluster as cluster_lib
+from replibench.harness import netns
 
-EXIT_USER_ERROR = 2
 
 
 def free_ports(n: int) -> list[int]:
@@ -86,13 +93,12 @@ class _Task:
     env = dict(os.environ, **{cluster_lib.ENV: cluster_lib.to_env(self.cluster, self.job,
                                                                    self.index)})
     env.pop("REPLIBENCH_CPU_DEVICES", None)   # One CPU replica per worker process.
-    cores = self.cores
-    self.proc = subprocess.Popen(
+    self.proc = processes.popen(
         [sys.executable, "-m", "replibench.cli", *self.args], env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        preexec_fn=processes.preexec(self.cores))
     threading.Thread(target=_stream, args=(self.proc, f"[{self.name}]"), daemon=True).start()
-    _log(f"started {self.name} (pid {self.proc.pid})")
+    _log(f"started {self.name} (pid {self.proc.pid}) at {self.cluster[self.job][self.index]}")
 
 
 def _stop(tasks) -> None:
@@ -100,7 +106,8 @@ def _stop(tasks) -> None:
   for sig in (signal.SIGTERM, signal.SIGKILL):
     for p in procs:
       if p.poll() is None:
-        os.killpg(p.pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+          os.killpg(p.pid, sig)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
       time.sleep(0.1)
@@ -126,7 +133,7 @@ def _asynchronous_outcome(tasks, max_restarts: int) -> int | None:
     code = task.proc.poll()
     if code is None:
       continue
-    if task.job == "worker" and code != EXIT_USER_ERROR and task.restarts < max_restarts:
+    if task.job == "worker" and code != errors.EXIT_USER_ERROR and task.restarts < max_restarts:
       task.restarts += 1
       _log(f"{task.name} exited with code {code}; restarting it "
            f"(restart {task.restarts} of {max_restarts}).")
@@ -138,25 +145,58 @@ def _asynchronous_outcome(tasks, max_restarts: int) -> int | None:
 
 
 def launch(workers: int, args: list[str], cpus_per_worker: int = 0,
-           timeout_s: float | None = None, ps: int = 0, max_restarts: int = 3) -> int:
-  """Runs `replibench <args>` in every task of the cluster; returns the exit code."""
+           timeout_s: float | None = None, ps: int = 0, max_restarts: int = 3,
+           network: str = "none") -> int:
+  """Runs `replibench <args>` in every task of the cluster; returns the exit code.
+
+  Outside the private network namespace this starts the launcher again inside one
+  (and waits for it); inside, it sets the loopback up, limits its rate and runs the
+  cluster.
+  """
+  netns.check_rate(network)
+  if not netns.inside():
+    return _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, network)
+  netns.bring_up_loopback()
+  netns.limit_rate(network)
+  return _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, network)
+
+
+def _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, network) -> int:
+  netns.check_available()
+  command = [sys.executable, "-m", "replibench.cli", "launch", f"--workers={workers}",
+             f"--ps={ps}", f"--cpus_per_worker={cpus_per_worker}", f"--network={network}",
+             *([f"--timeout={timeout_s}"] if timeout_s else []), "--", *args]
+  env = dict(os.environ, **{netns.ENV: network})
+  inner = processes.popen(netns.unshare_command(command), env=env)
+  with processes.forwarding_signals(lambda: [inner]):
+    return inner.wait()
+
+
+def _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, network) -> int:
   cluster = make_cluster(workers, ps)
   tasks = [_Task(job, i, cluster, args, core_share(i, cpus_per_worker) if job == "worker"
                  else None) for job, addresses in cluster.items() for i in range(len(addresses))]
-  for task in tasks:
-    task.start()
+  _log(f"cluster in a private network namespace (loopback only, rate {network}): "
+       f"{', '.join(f'{job} x{len(a)}' for job, a in cluster.items())}")
   start = time.monotonic()
   try:
-    while True:
-      outcome = (_asynchronous_outcome(tasks, max_restarts) if ps
-                 else _synchronous_outcome(tasks))
-      if outcome is not None:
-        return outcome
-      if timeout_s and time.monotonic() - start > timeout_s:
-        _log(f"timed out after {timeout_s:.0f} s; stopping the cluster.")
-        return 124
-      time.sleep(0.2)
+    with processes.forwarding_signals(lambda: [], processes.raise_terminated):
+      for task in tasks:
+        task.start()
+      while True:
+        outcome = (_asynchronous_outcome(tasks, max_restarts) if ps
+                   else _synchronous_outcome(tasks))
+        if outcome is not None:
+          return outcome
+        if timeout_s and time.monotonic() - start > timeout_s:
+          _log(f"timed out after {timeout_s:.0f} s; stopping the cluster.")
+          return 124
+        time.sleep(0.2)
+  except processes.Terminated as e:
+    _log(f"signal {e.signum}: stopping the cluster.")
+    return processes.exit_code(e.signum)
   finally:
-    _stop(tasks)
+    _stop([t for t in tasks if t.proc is not None])
     for task in tasks:
-      task.proc.wait()
+      if task.proc is not None:
+        task.proc.wait()

@@ -44,7 +44,10 @@ def owned(workdir: str, chief: bool = True):
   check(workdir)
   created = not os.path.exists(workdir)
   before = set() if created else set(os.listdir(workdir))
-  os.makedirs(workdir, exist_ok=True)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"--workdir={workdir} cannot be created ({e.strerror}).") from None
   if not chief:
     yield
     return

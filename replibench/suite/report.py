@@ -53,12 +53,15 @@ class Report:
 
   @classmethod
   def from_dict(cls, d: dict[str, Any], source: str = "report") -> "Report":
+    if not isinstance(d, dict):
+      raise UserError(f"{source} holds a JSON {type(d).__name__}, not a replibench report; "
+                      f"make one with `replibench report` on a sweep directory.")
     try:
       fields = {f.name for f in dataclasses.fields(cls)}
       d = {k: v for k, v in d.items() if k in fields}
       d["configs"] = [aggregate.row_from_dict(c) for c in d["configs"]]
       return cls(**d)
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
       raise UserError(f"{source} is not a replibench report.json ({type(e).__name__}: {e}); "
                       f"make one with `replibench report` on a sweep directory.") from None
 
@@ -66,12 +69,15 @@ class Report:
 def load_report(path: str) -> Report:
   """Reads a report.json (a sweep's report, or a results/<workload>/baseline.json)."""
   try:
-    with open(path) as f:
-      return Report.from_dict(json.load(f), path)
+    with open(path, "rb") as f:
+      data = json.loads(f.read().decode("utf-8"))
   except FileNotFoundError:
     raise UserError(f"{path}: no such report file.") from None
-  except json.JSONDecodeError as e:
-    raise UserError(f"{path} is not valid JSON ({e}).") from None
+  except IsADirectoryError:
+    raise UserError(f"{path} is a directory; give its report.json.") from None
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is not a JSON report ({type(e).__name__}: {e}).") from None
+  return Report.from_dict(data, path)
 
 
 def config_name(trial: str) -> str:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Sequence
 
+from replibench import processes
 from replibench.errors import UserError
 from replibench import atomic
 from replibench.suite import hparams_config
@@ -29,6 +30,7 @@ from replibench.results import RunResult
 from replibench.suite.sweep_file import Trial
 
 MANIFEST_FILE = results.MANIFEST_FILE
+TERM_GRACE_S = 30   # How long a trial may take to stop after the sweep is told to.
 TRIAL_FILE = "trial.json"
 LOG_FILE = "trial.log"
 
@@ -72,12 +74,27 @@ def trial_command(trial: Trial, trial_dir: str, cores: int | None = None) -> lis
 
 
 def subprocess_runner(trial: Trial, trial_dir: str) -> int:
-  """Runs the trial as a child process, appending its output to trial.log."""
+  """Runs the trial as a child process, appending its output to trial.log.
+
+  The trial dies with the sweep (also on SIGKILL); SIGTERM / SIGINT to the sweep
+  are passed to the trial, which is given TERM_GRACE_S to stop before the sweep
+  stops too (processes.Terminated).
+  """
   command = trial_command(trial, trial_dir)
   with open(os.path.join(trial_dir, LOG_FILE), "ab") as log:
     log.write(("$ " + " ".join(command) + "\n").encode())
     log.flush()
-    return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+      with processes.forwarding_signals(lambda: [proc], processes.raise_terminated):
+        return proc.wait()
+    except processes.Terminated:
+      try:
+        proc.wait(timeout=TERM_GRACE_S)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      raise
 
 
 def _check_same_trial(trial: Trial, trial_dir: str, sweep_path: str) -> None:
@@ -135,10 +152,28 @@ def _update_hparams_config(workdir: str) -> None:
   hparams_config.write_experiment_config(workdir, found)
 
 
+def check_trials(trials: Sequence[Trial], sweep_path: str,
+                 validate: Callable[[Trial], None]) -> None:
+  """validate(trial) for each distinct configuration (seeds aside), before any runs:
+  a bad binding fails the sweep at once, naming the trial, not inside every trial."""
+  seen = set()
+  for trial in trials:
+    key = (trial.gin_files, trial.bindings[:-1], dataclasses.astuple(trial.launch))
+    if key in seen:
+      continue
+    seen.add(key)
+    try:
+      validate(trial)
+    except UserError as e:
+      raise UserError(f"Sweep file {sweep_path}: trial {trial.name} does not compile: "
+                      f"{e}") from None
+
+
 def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
               seeds: Sequence[int] | None = None, runner: Runner = subprocess_runner,
               parallel: int = 1, log: Callable[[str], Any] = print,
-              bindings: Sequence[str] = ()) -> SweepOutcome:
+              bindings: Sequence[str] = (),
+              validate: Callable[[Trial], None] | None = None) -> SweepOutcome:
   """Runs (or resumes) every trial of a sweep; returns what happened to each.
 
   Args:
@@ -151,9 +186,13 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     runner: runs one trial; the default starts `replibench run` as a subprocess.
     parallel: trials run at once. Keep 1 for timing: parallel trials share cores.
     log: receives one progress line per trial.
+    validate: raises UserError if a trial's config is bad; run on every distinct
+      configuration before the first trial starts.
   """
   sweep = sweep_file.load(sweep_path)
   trials = sweep_file.expand(sweep, gin_files, seeds, bindings)
+  if validate is not None:
+    check_trials(trials, sweep.path, validate)
   os.makedirs(workdir, exist_ok=True)
   _write_manifest(workdir, sweep, trials)
   n = len(trials)

@@ -252,9 +252,16 @@ def load(path: str) -> Sweep:
   """Parses and validates a sweep file; errors are UserErrors naming file and key."""
   try:
     with open(path, "rb") as f:
-      raw = tomllib.load(f)
+      raw = tomllib.loads(f.read().decode("utf-8"))
   except FileNotFoundError:
     raise UserError(f"Sweep file {path} does not exist.") from None
+  except IsADirectoryError:
+    raise UserError(f"Sweep file {path} is a directory; give the .sweep file.") from None
+  except UnicodeDecodeError:
+    raise UserError(f"Sweep file {path} is not UTF-8 text (a binary file?); sweep files "
+                    f"are TOML.") from None
+  except OSError as e:
+    raise UserError(f"Sweep file {path} cannot be read ({e.strerror}).") from None
   except tomllib.TOMLDecodeError as e:
     raise UserError(f"Sweep file {path} is not valid TOML: {e}.") from None
   _check_keys(path, "", raw, _TOP_KEYS)

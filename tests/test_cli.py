@@ -1,0 +1,123 @@
+"""The command line's contract: help that helps, and bad input as one paragraph with exit 2
+and nothing written. Each case is a real `python -m replibench.cli` process."""
+
+import os
+
+import pytest
+
+from tests import helpers
+
+CONFIG = "configs/resnet/fashion_mnist.gin"
+TINY = [f"--gin_bindings={b}" for b in helpers.TINY[CONFIG]]
+
+
+def _one_paragraph_error(run) -> str:
+  assert run.returncode == 2, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+  assert "Traceback" not in run.stderr, run.stderr[-3000:]
+  lines = [l for l in run.stderr.splitlines() if l.startswith("replibench") and "error:" in l]
+  assert len(lines) == 1, run.stderr[-3000:]
+  return lines[0]
+
+
+def test_help_lists_every_command():
+  run = helpers.cli("--help")
+  assert run.returncode == 0, run.stderr
+  for command in ("run", "plan", "launch", "sweep", "report", "compare"):
+    assert f"  {command} " in run.stdout
+  assert "Exit codes" in run.stdout
+
+
+@pytest.mark.parametrize("command,flag", [("launch", "--cpus_per_worker"), ("run", "--workdir"),
+                                          ("compare", "--normalize"), ("sweep", "--seeds")])
+def test_command_help_shows_its_flags_defaults_and_an_example(command, flag):
+  run = helpers.cli(command, "--help")
+  assert run.returncode == 0, run.stderr
+  assert f"usage: replibench {command}" in run.stdout and flag in run.stdout
+  assert "example:" in run.stdout and "(default:" in run.stdout
+
+
+@pytest.mark.parametrize("args,culprit", [
+    ((), "no command given"),
+    (("train",), "unknown command 'train'"),
+    (("run", "--no_such_flag=1"), "no_such_flag"),
+    (("launch", "--workers", "abc", "--", "run"), "workers"),
+    (("launch", "--cpus_per_worker=-1", "--", "run"), "cpus_per_worker"),
+    (("launch", "--network=fast", "--", "run"), "network"),
+    (("compare", "a", "--baseline=b", "--factors=speed=2"), "factors"),
+])
+def test_flag_and_command_mistakes_exit_2(args, culprit):
+  run = helpers.cli(*args)
+  assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+  assert culprit in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("gin_text,culprit", [
+    ("", "Required bindings for `Experiment`"),
+    ("Experiment.workload = @ImageClassification(\n", "empty.gin"),
+    ("include 'TMP/empty.gin'\n", "cycle"),
+])
+def test_broken_gin_files_exit_2_with_one_paragraph(tmp_path, gin_text, culprit):
+  path = tmp_path / "empty.gin"
+  path.write_text(gin_text.replace("TMP", str(tmp_path)))
+  run = helpers.cli("run", f"--gin_file={path}", f"--workdir={tmp_path / 'run'}")
+  line = _one_paragraph_error(run)
+  assert culprit in line, line
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_environment_variable_is_named(tmp_path):
+  run = helpers.cli("run", f"--gin_file={CONFIG}", *TINY, "--max_steps=1",
+                    "--gin_file=configs/topology/local2.gin", f"--workdir={tmp_path / 'run'}",
+                    env={"REPLIBENCH_CPU_DEVICES": "abc"})
+  assert "REPLIBENCH_CPU_DEVICES" in _one_paragraph_error(run)
+  assert not (tmp_path / "run").exists()
+
+
+def test_sweep_checks_every_trial_before_running_any(tmp_path):
+  (tmp_path / "s.sweep").write_text(f"""
+gin_files = ["{helpers.REPO}/{CONFIG}"]
+seeds = [1]
+seed_binding = "Experiment.seed"
+bindings = {[*helpers.TINY[CONFIG]]!r}
+[[axes]]
+name = "width"
+points = [{{label = "ok", bindings = ["small_resnet.widths = (4, 8, 8)"]}},
+          {{label = "bad", bindings = ["small_resnet.widths = 'abc'"]}}]
+""".replace("['", '["').replace("']", '"]').replace("', '", '", "'))
+  run = helpers.cli("sweep", f"--sweep={tmp_path / 's.sweep'}", f"--workdir={tmp_path / 'w'}")
+  line = _one_paragraph_error(run)
+  assert "trial bad/seed=1 does not compile" in line and "does not build" in line
+  assert not list((tmp_path / "w").rglob("result.json"))   # No trial ran.
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe not utf8", None])
+def test_a_sweep_file_that_is_binary_or_a_directory_exits_2(tmp_path, content):
+  path = tmp_path / "s.sweep"
+  if content is None:
+    path.mkdir()
+  else:
+    path.write_bytes(content)
+  run = helpers.cli("sweep", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
+  assert "s.sweep" in _one_paragraph_error(run)
+
+
+@pytest.mark.parametrize("content", [b"[1, 2, 3]", b"\x00\x01binary", b'{"workload": 3}'])
+def test_a_baseline_that_is_not_a_report_exits_2(tmp_path, content):
+  (tmp_path / "base.json").write_bytes(content)
+  run = helpers.cli("compare", str(tmp_path / "base.json"),
+                    f"--baseline={tmp_path / 'base.json'}")
+  assert "base.json" in _one_paragraph_error(run)
+
+
+def test_launch_says_why_when_no_private_network_namespace_can_be_made(tmp_path):
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not "
+                                "permitted' >&2\nexit 1\n")
+  os.chmod(fake / "unshare", 0o755)
+  run = helpers.cli("launch", "--workers=2", "--", "run", f"--gin_file={CONFIG}",
+                    f"--workdir={tmp_path / 'run'}",
+                    env={"PATH": f"{fake}:{os.environ['PATH']}"})
+  line = _one_paragraph_error(run)
+  assert "private network namespace" in line and "Operation not permitted" in line
+  assert not (tmp_path / "run").exists()
