@@ -10,7 +10,7 @@ from tensorflow import make_ndarray
 from replibench.config import load_experiment
 from replibench.config.plan import make_plan
 from replibench.harness.loop import run_experiment
-from tests import helpers
+from tests import helpers, test_mllog_compliance
 
 RESULT_KEYS = {"status", "target_metric", "target", "time_to_target_s", "init_s",
                "steps_to_target", "epochs_to_target", "examples_to_target", "final_metric",
@@ -52,6 +52,8 @@ def test_config_runs_end_to_end(config, topology, tmp_path):
   mllog = (tmp_path / "mllog.txt").read_text()
   for key in ("init_start", "run_start", "eval_accuracy", "run_stop"):
     assert f'"key": "{key}"' in mllog
+  # MLPerf's checker: the training ruleset's common rules.
+  assert test_mllog_compliance.check_common_rules(str(tmp_path / "mllog.txt")) == []
 
 
 @pytest.mark.parametrize("config", sorted(helpers.derived_configs()))

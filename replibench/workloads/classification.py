@@ -55,11 +55,17 @@ class ImageClassification(Workload):
     return keras.optimizers.SGD(schedule, momentum=self.momentum, nesterov=self.nesterov)
 
   def check_config(self, spec: TrainSpec) -> None:
+    name = getattr(self.model_fn, "__name__", "?")
     try:
-      self.model_fn(num_classes=self.data.num_classes)
+      model = self.model_fn(num_classes=self.data.num_classes)
     except (ValueError, TypeError) as e:
-      raise UserError(f"ImageClassification.model ({getattr(self.model_fn, '__name__', '?')}) "
-                      f"does not build with these bindings: {' '.join(str(e).split())}") from None
+      raise UserError(f"ImageClassification.model ({name}) does not build with these "
+                      f"bindings: {' '.join(str(e).split())}") from None
+    expected = tuple(model.input_shape[1:])
+    if expected != tuple(self.data.image_shape):
+      raise UserError(f"ImageClassification.model ({name}) takes images of shape {expected} "
+                      f"but the data source gives {tuple(self.data.image_shape)}; make the "
+                      f"model's input_shape and the data's image size agree.")
 
   def build(self, spec: TrainSpec) -> None:
     self.spec = spec
