@@ -36,6 +36,9 @@ flags.DEFINE_string("baseline", None, "The baseline report.json (or sweep direct
 flags.DEFINE_boolean("normalize", False, "Where the two sides' machine calibrations differ by "
                      "more than 10%, rescale the new times and throughputs to the baseline's "
                      "machine instead of leaving them unjudged.")
+flags.DEFINE_list("judge", [], "The metrics compare decides on (default: the sweep file's "
+                  "judge list, else all): converged, time_to_target_s, steps_to_target, "
+                  "examples_per_s, final_metric.")
 flags.DEFINE_list("factors", [], "Minimum effect sizes as metric=fraction, e.g. "
                   "final_metric=0.5 for a noisy RL return (defaults: 0.1; final_metric 0.01).")
 
@@ -142,13 +145,22 @@ def _parse_factors(items: list[str]) -> dict[str, float]:
   return factors
 
 
+def _parse_judge(items: list[str]) -> list[str] | None:
+  from replibench.suite.aggregate import JUDGEABLE  # pylint: disable=import-outside-toplevel
+  unknown = [m for m in items if m not in JUDGEABLE]
+  if unknown:
+    raise UserError(f"--judge={','.join(items)}: unknown metric(s) {unknown}; choose from "
+                    f"{', '.join(JUDGEABLE)}.")
+  return items or None
+
+
 def cmd_compare(args) -> int:
   from replibench.suite import compare  # pylint: disable=import-outside-toplevel
   if len(args) != 1 or not FLAGS.baseline:
     raise UserError("compare: `replibench compare NEW --baseline=B`; see "
                     "`replibench compare --help`.")
   comparison = compare(args[0], FLAGS.baseline, factors=_parse_factors(FLAGS.factors),
-                       normalize=FLAGS.normalize)
+                       normalize=FLAGS.normalize, judge=_parse_judge(FLAGS.judge))
   print(comparison)
   return comparison.exit_code
 

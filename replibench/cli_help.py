@@ -46,8 +46,9 @@ COMMANDS = {
         "replibench report runs/scaling --out=results/latest/resnet"),
     "compare": Command(
         "Compare a sweep (or report.json) with a baseline; exit 1 on a regression.",
-        "replibench compare NEW --baseline=B [--factors=metric=fraction,...] [--normalize]",
-        ("baseline", "factors", "normalize"),
+        "replibench compare NEW --baseline=B [--judge=m,...] [--factors=metric=fraction,...] "
+        "[--normalize]",
+        ("baseline", "judge", "factors", "normalize"),
         "replibench compare runs/scaling --baseline=results/resnet/baseline.json"),
 }
 

@@ -13,7 +13,9 @@ whose internals moved, instead of letting the math change silently.
                     batch statistics).
   gin               `config._LOCATION_PREFIXES` (search path de-duplication).
   TensorFlow        `tensorflow.python.profiler` (FLOP counting of a graph:
-                    tf.profiler.experimental has no FLOP counter).
+                    tf.profiler.experimental has no FLOP counter);
+                    `MirroredStrategy._collective_key_base` (a fresh key
+                    range per strategy).
 """
 
 import keras
@@ -85,6 +87,31 @@ def count_graph_flops(graph) -> int:
     return int(model_analyzer.profile(graph, options=options).total_float_ops)
   finally:
     tf.get_logger().setLevel(verbosity)
+
+
+# -- tf.distribute: collective keys ----------------------------------------------------
+
+_KEY_RANGE = 100_000   # Collective group keys one strategy may use (TF's own tests use this).
+_strategies_made = 0
+
+
+def fresh_collective_keys() -> None:
+  """Gives the next MirroredStrategy made in this process collective group keys
+  no earlier strategy used.
+
+  Every new strategy otherwise numbers its groups and instances from 1 again, and
+  the runtime still holds the earlier strategy's resolved instances under the same
+  keys: a second strategy over the same devices fails with "Shape mismatch in the
+  collective instance 100" wherever one of its collectives meets an earlier one of
+  another shape under the same keys (tensorflow/tensorflow#62790). TF's own
+  tests work around it in the same way (distribute/strategy_combinations.py).
+  MultiWorkerMirroredStrategy is left alone: its keys must agree between worker
+  processes, and each process makes one.
+  """
+  global _strategies_made
+  _strategies_made += 1
+  base = _strategies_made * _KEY_RANGE
+  tf.distribute.MirroredStrategy._collective_key_base = base   # pylint: disable=protected-access
 
 
 # -- gin ---------------------------------------------------------------------------

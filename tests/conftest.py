@@ -4,7 +4,6 @@ CPU tests see four logical devices, so cross-replica code runs with 1, 2 and 4
 replicas; this must happen before TensorFlow initialises its runtime.
 """
 
-import atexit
 import os
 import sys
 
@@ -14,9 +13,17 @@ os.environ.setdefault("REPLIBENCH_CPU_DEVICES", "4")
 import gin  # noqa: E402
 import pytest  # noqa: E402
 
+from replibench import internals  # noqa: E402
 from replibench.engine import devices  # noqa: E402
 
 devices.ensure_logical_cpus(int(os.environ["REPLIBENCH_CPU_DEVICES"]))
+
+
+@pytest.fixture(autouse=True)
+def fresh_collective_keys():
+  """Tests that build their own MirroredStrategy get keys no earlier test used
+  (the engine does the same for the strategies it builds)."""
+  internals.fresh_collective_keys()
 
 
 @pytest.fixture(autouse=True)
@@ -32,21 +39,19 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-  """Ends the process as soon as pytest is done, skipping interpreter teardown.
+  """Ends the process as soon as pytest is done, before its clean-ups and the
+  interpreter's teardown.
 
-  Tearing down the interpreter deletes the tf.data iterators the tests left to
-  the garbage collector after TensorFlow's runtime has begun to shut down, and
-  an iterator's destructor can wait forever for its prefetch thread: a
-  clean-clone `make test` once passed all its tests and then hung at exit. The
-  handler is registered last, so it runs first among the exit handlers, once
-  pytest has returned its status and run its own clean-ups.
+  Both delete the tf.data iterators the tests left to the garbage collector
+  (pytest's unraisable-exception plugin runs gc.collect() among its clean-ups),
+  and the destructor of an iterator over a Python generator (D4PG's replay feed)
+  waits for its prefetch thread, which may be waiting for the GIL the destructor
+  holds: a deadlock. A clean-clone `make test` once passed all its tests and then
+  hung at exit. This hook runs last among the unconfigure hooks, after the
+  results were reported (and, under xdist, sent to the controller).
   """
   status = getattr(config, "replibench_exitstatus", None)
   if status is not None:
-    atexit.register(_exit_now, status)
-
-
-def _exit_now(status: int) -> None:
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)   # pylint: disable=protected-access
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)   # pylint: disable=protected-access

@@ -105,3 +105,17 @@ def test_graph_flops_counts_a_matmul():
 
 def test_the_versions_checked_are_recorded():
   assert set(internals.CHECKED_WITH) == {"keras", "tensorflow", "gin-config"}
+
+
+def test_strategies_made_one_after_another_use_their_own_collective_keys():
+  """tensorflow/tensorflow#62790: a second MirroredStrategy over the same devices
+  reuses the first one's collective keys, and its all-reduce of another shape then
+  fails with "Shape mismatch in the collective instance"."""
+  assert hasattr(tf.distribute.MirroredStrategy, "_collective_key_base")
+  for shapes in ([2, 3], [5]):
+    internals.fresh_collective_keys()   # What topology.Local.make_strategy does first.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])   # Collective ops.
+    step = tf.function(lambda: strategy.run(lambda: [
+        tf.distribute.get_replica_context().all_reduce("sum", tf.ones([n])) for n in shapes]))
+    sums = strategy.experimental_local_results(step())
+    np.testing.assert_array_equal(sums[0][0], np.full(shapes[0], 2.0))

@@ -11,6 +11,7 @@ import dataclasses
 import gin
 import tensorflow as tf
 
+from replibench import internals
 from replibench.engine import cluster, devices
 from replibench.errors import UserError
 
@@ -58,6 +59,7 @@ class Local(Topology):
 
   def make_strategy(self):
     names = devices.local_devices(self.num_replicas, self.device)
+    internals.fresh_collective_keys()
     if "GPU" in names[0]:
       return tf.distribute.MirroredStrategy(names)
     # On CPU the default NCCL path does not exist; reduce on the host.

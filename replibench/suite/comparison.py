@@ -289,18 +289,20 @@ def _metric_decision(metric: str, b: list[float], n: list[float], lower_is_bette
 
 def compare(new: "str | Report", baseline: "str | Report",
             factors: dict[str, float] | None = None, alpha: float = ALPHA,
-            normalize: bool = False) -> Comparison:
+            normalize: bool = False, judge: list[str] | None = None) -> Comparison:
   """Compares a new sweep (dir, report.json or Report) against a baseline report.
 
   normalize: where the machines' calibrations differ, rescale the new side's time
   and throughput to the baseline's machine instead of leaving them unjudged.
+  judge: the metrics to decide on; default the new sweep's own list, else all.
   """
   new_report, new_src = _load(new)
   base_report, base_src = _load(baseline)
   _check_same_workload(new_report, new_src, base_report, base_src)
   factors = {**DEFAULT_FACTORS, **(factors or {})}
-  judged = set(new_report.judged if new_report.judged is not None
-               else base_report.judged if base_report.judged is not None else JUDGEABLE)
+  judged = set(judge or (new_report.judged if new_report.judged is not None
+                         else base_report.judged if base_report.judged is not None
+                         else JUDGEABLE))
   machines = match_machines(new_report, base_report)
   metrics = (("time_to_target_s", "time to target (s)", True, "{:.1f}"),
              ("steps_to_target", "steps to target", True, "{:.0f}"),
