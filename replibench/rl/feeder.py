@@ -41,6 +41,7 @@ class ReplayFeeder:
     self.step_batch, self.timeout_s = step_batch, timeout_s
     self.lock = threading.RLock()
     self.closed = False
+    self._readers = 0   # Generators (tf.data input threads) reading batches right now.
     self._inbox: list[dict] = []   # Drained but not yet admitted transitions (batches).
     self._last_drain = 0.0
 
@@ -101,6 +102,33 @@ class ReplayFeeder:
             f"tolerance {limiter.tolerance}); actors made {stats['env_steps']} env steps, "
             f"now {stats['env_steps_per_s']:.0f}/s, with {stats['restarts']} restart(s). "
             f"Actors too slow or stuck: check their logs, or lower min_size.")
+
+  def batches(self, batch_size: int, convert):
+    """Yields convert(batch) until the feeder is closed: the body of the learner's
+    tf.data.Dataset.from_generator."""
+    with self.lock:
+      self._readers += 1
+    try:
+      while (batch := self.sample(batch_size)) is not None:
+        yield convert(batch)
+    finally:
+      with self.lock:
+        self._readers -= 1
+
+  def close(self, wait_s: float = 0.25) -> None:
+    """Stops sampling, then waits (up to wait_s) for the input threads to leave
+    batches().
+
+    Deleting a tf.data iterator waits for its input thread; if that thread is
+    waiting for the GIL to run the generator while the deleting thread holds it,
+    both wait forever. Once closed, the next call ends the generator, after which
+    the thread never needs Python again; a thread still inside waits on a full
+    prefetch buffer instead, which the iterator's deletion cancels.
+    """
+    self.closed = True
+    deadline = time.monotonic() + wait_s
+    while self._readers and time.monotonic() < deadline:
+      time.sleep(0.01)   # Releases the GIL to the input threads.
 
   def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
     with self.lock:

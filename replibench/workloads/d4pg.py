@@ -177,11 +177,11 @@ class D4PG(Workload):
     signature = self.element_spec(ctx.per_replica_batch_size)
     feeder, size = self.feeder, ctx.per_replica_batch_size
 
-    def batches():
-      while (batch := feeder.sample(size)) is not None:
-        yield {k: np.asarray(batch[k], signature[k].dtype.as_numpy_dtype) for k in signature}
+    def convert(batch):
+      return {k: np.asarray(batch[k], signature[k].dtype.as_numpy_dtype) for k in signature}
 
-    ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
+    ds = tf.data.Dataset.from_generator(lambda: feeder.batches(size, convert),
+                                        output_signature=signature)
     # Endless, and said so: with an unknown cardinality MultiWorkerMirroredStrategy
     # all-reduces a "has data" flag on every step to stop all workers together.
     ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
@@ -285,7 +285,7 @@ class D4PG(Workload):
 
   def close(self) -> None:
     if self.feeder is not None:
-      self.feeder.closed = True   # The generator thread ends at its next loop.
+      self.feeder.close()   # Before the harness lets go of the input iterator.
     if self.pool is not None:
       with self.feeder.lock if self.feeder is not None else contextlib.nullcontext():
         self.pool.stop()
