@@ -14,8 +14,8 @@ The learner math is pure functions returning per-example losses [B]
 (`critic_loss`, `policy_loss`); optimisers, gradient all-reduce and clipping are
 the training step's business. Target networks are plain copies refreshed every
 `target_update_period` learner steps by `copy_to_targets` (the D4PG workload
-calls it on the host, between training calls); `update_target_networks` is the
-same copy gated on a step counter, which also works inside a traced step.
+calls it on the host, between training calls, where assigning a mirrored
+variable sets every replica).
 """
 
 from __future__ import annotations
@@ -216,29 +216,6 @@ def copy_to_targets(networks: D4PGNetworks) -> None:
   """Target variables := online variables (torso, policy, critic)."""
   for online, target in networks.online_and_target_pairs():
     target.assign(online)
-
-
-def update_target_networks(networks: D4PGNetworks, learner_step):
-  """Copies online -> target when learner_step % target_update_period == 0.
-
-  learner_step: a Python int (eager) or an integer scalar tensor (inside
-  tf.function, via tf.cond). Returns whether a copy happened (bool or bool tensor).
-  Under a tf.distribute strategy call it in cross-replica context (outside
-  strategy.run), where assigning mirrored variables updates every replica.
-  """
-  period = networks.hparams.target_update_period
-  if isinstance(learner_step, (int, np.integer)):
-    if learner_step % period == 0:
-      copy_to_targets(networks)
-      return True
-    return False
-
-  def copy():
-    copy_to_targets(networks)
-    return tf.constant(True)
-
-  step = tf.cast(learner_step, tf.int64)
-  return tf.cond(tf.equal(step % period, 0), copy, lambda: tf.constant(False))
 
 
 def categorical_projection(next_probs, rewards, discounts, support):

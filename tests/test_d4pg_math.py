@@ -158,34 +158,26 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("pixels", [False, True])
-def test_target_networks_copy_every_period(pixels):
-  networks = tiny_networks(pixels, hparams=d4pg.D4PGHyperparams(target_update_period=10))
+def test_copy_to_targets_copies_every_online_network(pixels):
+  networks = tiny_networks(pixels)
   assert same(networks.policy, networks.target_policy)
   assert same(networks.critic, networks.target_critic)
   for model in (networks.policy, networks.critic) + ((networks.torso,) if pixels else ()):
     perturb(model)
-  assert not d4pg.update_target_networks(networks, 7)
   assert not same(networks.critic, networks.target_critic)
-  assert d4pg.update_target_networks(networks, 20)
+  d4pg.copy_to_targets(networks)
   assert same(networks.policy, networks.target_policy)
   assert same(networks.critic, networks.target_critic)
   if pixels:
     assert same(networks.torso, networks.target_torso)
-  # Inside a traced step, with a tensor step counter.
-  perturb(networks.critic)
-  update = tf.function(lambda step: d4pg.update_target_networks(networks, step))
-  assert not bool(update(tf.constant(3)))
-  assert not same(networks.critic, networks.target_critic)
-  assert bool(update(tf.constant(30)))
-  assert same(networks.critic, networks.target_critic)
 
 
-def test_target_update_under_a_mirrored_strategy():
+def test_target_copy_under_a_mirrored_strategy():
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   with strategy.scope():
     networks = tiny_networks()
   perturb(networks.critic)
-  assert d4pg.update_target_networks(networks, 0)
+  d4pg.copy_to_targets(networks)   # Cross-replica context, as the workload calls it.
   for v in networks.target_critic.variables:
     values = strategy.experimental_local_results(v.value)  # The tf.Variable under Keras'.
     assert len(values) == 2 and np.array_equal(values[0], values[1])

@@ -52,7 +52,9 @@ def test_expansion_is_the_product_of_axes_times_seeds_with_stable_names(tmp_path
   t = trials[3]
   assert [os.path.basename(f) for f in t.gin_files] == ["base.gin", "workers.gin"]
   assert all(os.path.isabs(f) for f in t.gin_files)
-  assert t.bindings == ("EVAL_EVERY = 2", "GLOBAL_BATCH_SIZE = 256", "SEED = 1")
+  # The point's `workers` is the one statement of its worker count; each run checks it.
+  assert t.bindings == ("EVAL_EVERY = 2", "topology.MultiWorker.workers = 2",
+                        "GLOBAL_BATCH_SIZE = 256", "SEED = 1")
   assert t.launch == sweep_file.Launch(workers=2, cpus_per_worker=1)
   assert trials[0].launch == sweep_file.Launch()
 
@@ -101,6 +103,9 @@ def test_a_point_with_ps_launches_a_chief_and_parameter_servers():
      "[[axes]]\nname = 'a'\npoints = [{gin_files = ['base.gin']}]\n", "axes[0].points[0].label"),
     ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
      "[[axes]]\nname = 'a'\npoints = [{label = 'x', workers = 0}]\n", "axes[0].points[0].workers"),
+    ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
+     "[[axes]]\nname = 'a'\npoints = [{label = 'x', workers = 2, "
+     "bindings = ['topology.MultiWorker.workers = 3']}]\n", "axes[0].points[0].bindings"),
     ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"
      "[[axes]]\nname = 'b'\nbinding = 'B'\nvalues = []\n", "axes[0].values"),
     ("gin_files = ['base.gin']\nseeds = [1]\nseed_binding = 'S'\n"

@@ -57,12 +57,6 @@ def frechet_distance_from_statistics(mu1, sigma1, mu2, sigma2, eps=1e-6):
   return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean))
 
 
-def frechet_distance(activations1, activations2):
-  """Frechet distance between Gaussians fitted to [N1, d] and [N2, d] activations."""
-  return frechet_distance_from_statistics(*gaussian_statistics(activations1),
-                                          *gaussian_statistics(activations2))
-
-
 def classifier_score(probabilities, num_splits=1):
   """Inception-score style exp(E_x KL(p(y|x) || p(y))) on [N, K] class probabilities.
 

@@ -27,7 +27,8 @@ Format (TOML, stdlib tomllib; relative paths are relative to the sweep file):
 Trials are the product of the axes times the seeds. A point may carry
 `gin_files`, `bindings`, and a launch mode: without `workers` the trial runs in
 one process (logical replicas); with `workers = N` (and optionally
-`cpus_per_worker`) it runs as N worker processes through `replibench launch`;
+`cpus_per_worker`) it runs as N worker processes through `replibench launch`,
+and the sweep binds topology.MultiWorker.workers = N so each run checks it;
 `ps = P` adds a chief and P parameter servers (for Experiment.regime =
 @regimes.AsyncPS(), e.g. with configs/topology/ps.gin).
 A trial's directory is `<label>,<label>/seed=<seed>`, e.g.
@@ -46,6 +47,7 @@ from replibench.suite import aggregate
 
 _TOP_KEYS = {"description", "gin_files", "bindings", "seeds", "seed_binding", "axes", "judge"}
 _AXIS_KEYS = {"name", "binding", "values", "points"}
+_WORKERS_BINDING = "topology.MultiWorker.workers"
 _POINT_KEYS = {"label", "gin_files", "bindings", "workers", "cpus_per_worker", "ps"}
 # Labels become directory names and TensorBoard run names: keep them portable.
 _LABEL_RE = re.compile(r"^[A-Za-z0-9_.=+-]+$")
@@ -199,10 +201,16 @@ def _zipped_point(path: str, where: str, point: Any) -> Point:
         ps if ps == 0 else _positive_int(path, f"{where}.ps", ps))
   elif "cpus_per_worker" in point or "ps" in point:
     raise _fail(path, f"{where}.cpus_per_worker / ps", "need 'workers' in the same point.")
+  bindings = _string_list(path, f"{where}.bindings", point.get("bindings", []))
+  if any(b.replace(" ", "").startswith(_WORKERS_BINDING + "=") for b in bindings):
+    raise _fail(path, f"{where}.bindings", f"binds {_WORKERS_BINDING}: state a point's worker "
+                "count once, as `workers = N` (the sweep binds it for each trial).")
+  if launch is not None:   # One source of truth: the launch's count, checked by each run.
+    bindings = (*bindings, f"{_WORKERS_BINDING} = {launch.workers}")
   return Point(
       label=_label(path, f"{where}.label", point["label"]),
       gin_files=_gin_paths(path, f"{where}.gin_files", point.get("gin_files", [])),
-      bindings=_string_list(path, f"{where}.bindings", point.get("bindings", [])),
+      bindings=bindings,
       launch=launch)
 
 
