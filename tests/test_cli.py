@@ -44,6 +44,7 @@ def test_command_help_shows_its_flags_defaults_and_an_example(command, flag):
     (("launch", "--cpus_per_worker=-1", "--", "run"), "cpus_per_worker"),
     (("launch", "--network=fast", "--", "run"), "network"),
     (("compare", "a", "--baseline=b", "--factors=speed=2"), "factors"),
+    (("compare", "a", "--baseline=b", "--judge=speed"), "--judge=speed"),
 ])
 def test_flag_and_command_mistakes_exit_2(args, culprit):
   run = helpers.cli(*args)

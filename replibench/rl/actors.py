@@ -153,22 +153,11 @@ class ActorPool:
     atexit.unregister(self.stop)
     self._stop_flag.value = 1
     deadline = time.monotonic() + _JOIN_TIMEOUT_S
-    while time.monotonic() < deadline and any(
-        s.process is not None and s.process.is_alive() for s in self._slots):
-      # An actor blocked sending to a full pipe never sees the flag: read and drop
-      # what it sends, so it can (a stop used to wait out the timeout per actor).
-      self._discard_pending()
-      time.sleep(0.01)
+    for slot in self._slots:
+      if slot.process is not None:
+        slot.process.join(max(0.0, deadline - time.monotonic()))
     for slot in self._slots:
       self._end_process(slot)
-
-  def _discard_pending(self) -> None:
-    for slot in self._slots:
-      try:
-        while slot.conn is not None and slot.conn.poll():
-          slot.conn.recv_bytes()
-      except (EOFError, OSError):   # The actor has exited: nothing more to read.
-        pass
 
   def __enter__(self) -> "ActorPool":
     return self
