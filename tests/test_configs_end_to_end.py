@@ -41,6 +41,9 @@ def test_config_runs_end_to_end(config, topology, tmp_path):
   assert all(math.isfinite(metric) for _, _, metric in result.curve)
   assert math.isfinite(result.final_metric) and result.examples_per_s > 0
   assert "Experiment.global_batch_size" in result.operative_config
+  # The machine's fingerprint that `compare` needs to judge times at all.
+  calibration = result.machine["calibration"]
+  assert calibration and min(calibration.values()) > 0, result.machine
 
   tags = helpers.event_tags(tmp_path)
   for tag in ("train/loss", "train/learning_rate", "train/examples_per_s",

@@ -72,7 +72,6 @@ class _Run:
     # Init succeeded: from here on the run writes files.
     self.mllog.open(session=len(self.state.sessions))
     self.summaries = Summaries(workdir, enabled=self.chief)
-    self.calibration = None
 
   def _log_run_facts(self) -> None:
     exp, spec = self.experiment, self.spec
