@@ -35,7 +35,8 @@ flags.DEFINE_string("out", None, "Output directory (default DIR/report).")
 flags.DEFINE_string("baseline", None, "The baseline report.json (or sweep directory).")
 flags.DEFINE_boolean("normalize", False, "Where the two sides' machine calibrations differ by "
                      "more than 10%, rescale the new times and throughputs to the baseline's "
-                     "machine instead of leaving them unjudged.")
+                     "machine (without it they are judged and flagged up to 1.5x apart, "
+                     "and not judged beyond).")
 flags.DEFINE_list("judge", [], "The metrics compare decides on (default: the sweep file's "
                   "judge list, else all): converged, time_to_target_s, steps_to_target, "
                   "examples_per_s, final_metric.")

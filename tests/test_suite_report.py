@@ -167,6 +167,22 @@ def test_a_real_slowdown_on_the_same_machine_is_still_caught(tmp_path):
                                                   for r in result.regressions}
 
 
+def test_a_machine_within_the_noise_of_the_calibration_is_judged_and_flagged(tmp_path):
+  # One shared VM, two runs of one commit: the suite's calibration moved 27%.
+  base = build_report(fake_sweep(str(tmp_path / "a"), _on_machine(52.0)))
+  same = build_report(fake_sweep(str(tmp_path / "b"), _on_machine(66.0)))
+  result = compare(same, base)
+  assert result.exit_code == 0 and result.count("not comparable") == 0
+  time_rows = [r for r in result.rows if r.metric == "time to target (s)"]
+  assert all(r.decision.verdict == "no change" and "27% apart" in r.decision.note
+             for r in time_rows)
+  assert any("may be the machine's" in w for w in result.warnings)
+  slower = build_report(fake_sweep(str(tmp_path / "c"), _on_machine(66.0, slowdown=1.5)))
+  assert ("replicas=1", "time to target (s)") in {(r.config, r.metric)
+                                                  for r in compare(slower, base).regressions}
+  assert "rescaled by 1.27" in str(compare(same, base, normalize=True))
+
+
 def test_a_baseline_without_calibration_judges_no_time(tmp_path):
   base = build_report(fake_sweep(str(tmp_path / "a")))
   base.calibration = None

@@ -11,11 +11,15 @@ any factor (a D4PG return after 2,000 learner steps moves 20x between seeds).
 smallest attainable p-value is 0.1, so it could never detect anything.)
 
 A suite judges only the metrics its sweep file lists under `judge` (default:
-all); the others are shown without a verdict. Times and throughputs are judged
-only between runs on comparable machines: when the two sides' calibrations
-(GFLOP/s measured at each run's start, see harness/provenance.py) differ by more
-than 10%, those rows say so instead of deciding, or, with normalize=True, the
-new side is rescaled to the baseline's machine by the ratio of the conv-net
+all); the others are shown without a verdict. Times and throughputs depend on
+the machine: each side's calibration (GFLOP/s measured at each run's start, see
+harness/provenance.py; a report holds its trials' median) tells how far apart the
+two machines are. Within 10%: judged as they are. Between 10% and 1.5x: judged,
+and every such row and the warnings say the machines differ (a suite's median
+calibration moves up to ~27% between runs of one commit on one shared VM, while
+machine generations differ ~4x). Beyond 1.5x: no verdict ("not comparable").
+With normalize=True, whenever the calibrations differ by more than 10%, the new
+side is rescaled to the baseline's machine by the ratio of the conv-net
 calibrations. Steps to target, convergence and metrics are compared as they are.
 
 A configuration that no longer reaches its target is a regression; a drop in
@@ -49,7 +53,8 @@ REGRESSION, IMPROVEMENT, NO_CHANGE, NOT_AVAILABLE = (
 NO_VERDICT, NOT_JUDGED, NOT_COMPARABLE = "no verdict", "not judged", "not comparable"
 # Metrics that depend on the machine's speed (steps and metrics do not).
 MACHINE_METRICS = ("time_to_target_s", "examples_per_s")
-MACHINE_TOLERANCE = 0.10   # Calibrations further apart than this: different machines.
+MACHINE_TOLERANCE = 0.10   # Calibrations further apart than this: flagged.
+MACHINE_LIMIT = 1.5        # Further apart than this factor: different machines, not judged.
 NORMALIZE_KEY = "convnet_gflops"
 
 
@@ -222,11 +227,13 @@ class MachineMatch:
   """Whether two reports' machines may be compared on time, and the rescaling factor.
 
   speed: new machine's conv-net GFLOP/s over the baseline's (None if either side
-  has no calibration). comparable: calibrations within MACHINE_TOLERANCE.
+  has no calibration). comparable: calibrations within MACHINE_LIMIT (times are
+  judged); flagged: comparable but further apart than MACHINE_TOLERANCE.
   """
   comparable: bool
   speed: float | None
   note: str
+  flagged: bool = False
 
 
 def match_machines(new: Report, base: Report) -> MachineMatch:
@@ -237,15 +244,26 @@ def match_machines(new: Report, base: Report) -> MachineMatch:
                         f"fingerprints existed?): re-run or re-accept the baseline")
   ratios = {k: new_cal[k] / base_cal[k] for k in (NORMALIZE_KEY, "matmul_gflops")}
   text = ", ".join(f"{k} {base_cal[k]:.0f} -> {new_cal[k]:.0f}" for k in ratios)
-  comparable = all(abs(r - 1) <= MACHINE_TOLERANCE for r in ratios.values())
-  note = (f"calibrations within {MACHINE_TOLERANCE:.0%} ({text})" if comparable else
-          f"machines differ: calibration {text} GFLOP/s")
-  return MachineMatch(comparable, ratios[NORMALIZE_KEY], note)
+  apart = max(max(r, 1 / r) for r in ratios.values())
+  if apart <= 1 + MACHINE_TOLERANCE:
+    return MachineMatch(True, ratios[NORMALIZE_KEY],
+                        f"calibrations within {MACHINE_TOLERANCE:.0%} ({text})")
+  if apart <= MACHINE_LIMIT:
+    return MachineMatch(True, ratios[NORMALIZE_KEY],
+                        f"calibrations {apart - 1:.0%} apart ({text} GFLOP/s): judged, but the "
+                        f"machine may differ", flagged=True)
+  return MachineMatch(False, ratios[NORMALIZE_KEY],
+                      f"machines differ: calibration {text} GFLOP/s")
 
 
 def _rescale(values: list[float], metric: str, speed: float) -> list[float]:
   """New-side values as they would be on the baseline's machine (speed = new / base)."""
   return [v * speed if metric == "time_to_target_s" else v / speed for v in values]
+
+
+def _rescaled(machines: MachineMatch, normalize: bool) -> bool:
+  """Whether the new side's times are rescaled: asked for, and the machines differ."""
+  return normalize and bool(machines.speed) and (machines.flagged or not machines.comparable)
 
 
 def _warnings(new: Report, base: Report, machines: MachineMatch, normalize: bool) -> list[str]:
@@ -255,13 +273,15 @@ def _warnings(new: Report, base: Report, machines: MachineMatch, normalize: bool
     b, n = base.machine.get(key), new.machine.get(key)
     if b is not None and n is not None and b != n:
       out.append(f"{label} differ (baseline {b}, new {n}).")
-  if not machines.comparable:
-    if normalize and machines.speed:
-      out.append(f"{machines.note}: new times and throughputs rescaled by {machines.speed:.2f} "
-                 f"to the baseline's machine (--normalize).")
-    else:
-      out.append(f"{machines.note}: time and throughput are not judged"
-                 f"{' (--normalize rescales them)' if machines.speed else ''}.")
+  if _rescaled(machines, normalize):
+    out.append(f"{machines.note}: new times and throughputs rescaled by {machines.speed:.2f} "
+               f"to the baseline's machine (--normalize).")
+  elif machines.flagged:
+    out.append(f"{machines.note}: a time or throughput verdict may be the machine's, not the "
+               f"code's (--normalize rescales them).")
+  elif not machines.comparable:
+    out.append(f"{machines.note}: time and throughput are not judged"
+               f"{' (--normalize rescales them)' if machines.speed else ''}.")
   if new.tf_versions != base.tf_versions:
     out.append(f"TensorFlow versions differ (baseline {base.tf_versions}, new "
                f"{new.tf_versions}).")
@@ -274,16 +294,18 @@ def _metric_decision(metric: str, b: list[float], n: list[float], lower_is_bette
                      factor: float, alpha: float, judged: bool,
                      machines: MachineMatch, normalize: bool) -> tuple[list[float], Decision]:
   """(the new values as compared, the decision) for one configuration and metric."""
-  if metric in MACHINE_METRICS and not machines.comparable:
-    if normalize and machines.speed:
-      n = _rescale(n, metric, machines.speed)
-    else:
-      ratio = float(np.mean(n) / np.mean(b)) if b and n and np.mean(b) > 0 else None
-      return n, Decision(NOT_COMPARABLE, ratio, note=machines.note)
+  on_machine = metric in MACHINE_METRICS
+  if on_machine and _rescaled(machines, normalize):
+    n = _rescale(n, metric, machines.speed)
+  elif on_machine and not machines.comparable:
+    ratio = float(np.mean(n) / np.mean(b)) if b and n and np.mean(b) > 0 else None
+    return n, Decision(NOT_COMPARABLE, ratio, note=machines.note)
   decision = decide(b, n, lower_is_better, factor, alpha)
   if not judged:
     decision = Decision(NOT_JUDGED, decision.ratio, decision.p_value,
                         "reported only (not in the sweep file's judge list)")
+  elif on_machine and machines.flagged and not normalize:
+    decision.note = "; ".join(filter(None, (decision.note, machines.note)))
   return n, decision
 
 
