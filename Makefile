@@ -29,9 +29,9 @@ SWEEP_sngan := configs/sngan/batch_scaling.sweep
 SWEEP_d4pg := configs/d4pg/learner_scaling.sweep
 # What each suite judges is in its sweep file (`judge`); compare gives no verdict on one
 # seed against one seed. Minimum effect sizes above what unchanged code moves between
-# two `make bench` runs on one shared 2-core VM (measured 2026-11-24, fresh clones of
+# `make bench` runs on one shared 2-core AVX-512 EPYC VM (measured 2026-11-24, fresh clones of
 # one commit against its own baseline): suite means of time to target up to +25%,
-# examples/s up to -15%, as the VM's speed drifts (its calibration moved 15-34%). A
+# examples/s up to -15%, as the VM's speed drifts (its calibration moved 14-40%). A
 # deliberate 1.8x slowdown moved them +56% to +84% and -43% to -55%. An SN-GAN reaches
 # FID 155 at step 60, 80 or 100 (eval every 20): steps need a 50% effect.
 MACHINE_FACTORS := time_to_target_s=0.35,examples_per_s=0.25
@@ -63,8 +63,8 @@ data:
 
 # pytest exits 5 when it collected nothing: that must fail, not pass. The tests run in
 # TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing.
-# Measured on the 2-core AVX-512 EPYC: 682 s and 803 s of pytest with two processes
-# against 901 s with one; 7.0 GB of memory in use at peak.
+# Measured on the 2-core AVX-512 EPYC: 682, 803 and 807 s of pytest with two processes
+# against 901 s with one; 6.5-7.0 GB of memory in use at peak.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) tests; rc=$$?; \

@@ -16,7 +16,7 @@ the machine: each side's calibration (GFLOP/s measured at each run's start, see
 harness/provenance.py; a report holds its trials' median) tells how far apart the
 two machines are. Within 10%: judged as they are. Between 10% and 1.5x: judged,
 and every such row and the warnings say the machines differ (a suite's median
-calibration moves up to ~27% between runs of one commit on one shared VM, while
+calibration moved 14-40% between runs of one commit on one shared VM, while
 machine generations differ ~4x). Beyond 1.5x: no verdict ("not comparable").
 With normalize=True, whenever the calibrations differ by more than 10%, the new
 side is rescaled to the baseline's machine by the ratio of the conv-net
