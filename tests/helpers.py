@@ -94,6 +94,16 @@ def cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
                         env={**os.environ, **(env or {})})
 
 
+def failure_report(run: subprocess.CompletedProcess, tail: int = 3000) -> str:
+  """What a failed `cli` run said: its exit code, every fatal-error block (a crash's
+  header, thread and stack, which a short tail cuts off) and the end of its output."""
+  output = run.stdout + run.stderr
+  lines = output.splitlines()
+  crashes = [i for i, line in enumerate(lines) if "Fatal Python error" in line]
+  blocks = ["\n".join(lines[i:i + 40]) for i in crashes[:2]]
+  return "\n".join([f"exit code {run.returncode}", *blocks, "... " + output[-tail:]])
+
+
 def result(workdir):
   """The run's result.json, read (and checked) as a replibench.results.RunResult."""
   from replibench import results  # pylint: disable=import-outside-toplevel

@@ -69,7 +69,7 @@ def test_one_worker_trains_exactly_like_sync(tmp_path):
   local = helpers.cli("run", *flags, "--max_steps=2", f"--workdir={tmp_path / 'sync'}")
   assert local.returncode == 0, local.stderr[-3000:]
   launched = helpers.cli(*_launch(1, flags + ["--max_steps=2"], tmp_path / "async"))
-  assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+  assert launched.returncode == 0, helpers.failure_report(launched)
   a, b = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "async")
   assert (b.num_workers, b.num_replicas) == (1, 1)
   assert a.final_step == b.final_step == 2
@@ -124,7 +124,7 @@ def test_two_workers_train_to_the_end_through_a_worker_restart(tmp_path):
 
 def test_gan_trains_on_two_workers(tmp_path):
   run = helpers.cli(*_launch(2, _flags(GAN), tmp_path))
-  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  assert run.returncode == 0, helpers.failure_report(run)
   result = helpers.result(tmp_path)
   assert result.status == "budget_exhausted" and result.final_step == 4
   assert np.isfinite(result.final_metric) and result.num_workers == 2

@@ -29,7 +29,7 @@ def test_two_workers_match_two_local_replicas(tmp_path):
                          "--gin_file=configs/topology/workers.gin",
                          "--gin_bindings=topology.MultiWorker.workers = 2",
                          f"--workdir={tmp_path / 'workers'}")
-  assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+  assert launched.returncode == 0, helpers.failure_report(launched)
   assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
 
   a, b = helpers.result(tmp_path / "local"), helpers.result(tmp_path / "workers")
