@@ -1,7 +1,7 @@
 # replibench: `make bench` runs the scaling suite, `make test` the tests.
 # Both create .venv at the repo root and install what they need on first use.
 #
-#   make bench            every workload's CPU-scale suite (21-24 min on a 2-core AVX-512 EPYC): sweep,
+#   make bench            every workload's CPU-scale suite (17-25 min on a 2-core AVX-512 EPYC): sweep,
 #                         report in results/latest/<workload>/, comparison with the
 #                         committed results/<workload>/baseline.json (exit 1 on a regression)
 #   make bench-smoke      the same at tiny scale (a few minutes), against smoke_baseline.json
@@ -63,8 +63,9 @@ data:
 
 # pytest exits 5 when it collected nothing: that must fail, not pass. The tests run in
 # TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing.
-# Measured on the 2-core AVX-512 EPYC: 682, 803 and 807 s of pytest with two processes
-# against 901 s with one; 6.5-7.0 GB of memory in use at peak.
+# Measured on the 2-core AVX-512 EPYC (clean-clone .ci/run, 2026-11-24): 505-548 s of
+# pytest with two processes (682-807 s before conftest freed each test's garbage at its
+# end, 901 s with one process then); 5.9-6.3 GB of memory in use at peak.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) tests; rc=$$?; \
