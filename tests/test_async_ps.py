@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -77,24 +78,21 @@ def test_one_worker_trains_exactly_like_sync(tmp_path):
                          rtol=2e-5)
 
 
-def _launch_killing_worker_1(args: list[str]) -> tuple[int, str]:
-  """Runs `replibench launch ARGS`; at step 3 kills worker 1 and pauses the chief until
-  the launcher's replacement serves, so the restart lands mid-run at any machine speed."""
+def _launch_watching(args: list[str], react) -> tuple[int, str]:
+  """Runs `replibench launch ARGS`, calling react(line, pids) on each line of its output
+  (pids: {'chief 0': pid, ...} of the tasks started so far); returns (exit code, output)."""
+  # No core files from the tasks a test kills on purpose (the limit is inherited).
+  no_core = lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # noqa: E731
   proc = subprocess.Popen([sys.executable, "-m", "replibench.cli", *args], cwd=helpers.REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  pids, lines, state = {}, [], "training"
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=no_core)
+  pids, lines = {}, []
   try:
     for line in proc.stdout:
       lines.append(line)
       if started := re.search(r"\[launch\] started (\w+ \d) \(pid (\d+)\)", line):
         pids[started.group(1)] = int(started.group(2))
-      elif state == "training" and line.startswith("[chief 0]") and "step 3/" in line:
-        os.kill(pids["chief 0"], signal.SIGSTOP)
-        os.kill(pids["worker 1"], signal.SIGKILL)
-        state = "paused"
-      elif state == "paused" and line.startswith("[worker 1]") and " serving at " in line:
-        os.kill(pids["chief 0"], signal.SIGCONT)
-        state = "resumed"
+      react(line, pids)
     return proc.wait(timeout=60), "".join(lines)
   finally:
     if proc.poll() is None:   # A failed test: let the launcher stop its cluster (SIGINT).
@@ -102,6 +100,23 @@ def _launch_killing_worker_1(args: list[str]) -> tuple[int, str]:
         os.kill(pids["chief 0"], signal.SIGCONT)
       proc.send_signal(signal.SIGINT)
       proc.wait(timeout=60)
+
+
+def _launch_killing_worker_1(args: list[str]) -> tuple[int, str]:
+  """At step 3 kills worker 1 and pauses the chief until the launcher's replacement
+  serves, so the restart lands mid-run at any machine speed."""
+  state = ["training"]
+
+  def react(line, pids):
+    if state[0] == "training" and line.startswith("[chief 0]") and "step 3/" in line:
+      os.kill(pids["chief 0"], signal.SIGSTOP)
+      os.kill(pids["worker 1"], signal.SIGKILL)
+      state[0] = "paused"
+    elif state[0] == "paused" and line.startswith("[worker 1]") and " serving at " in line:
+      os.kill(pids["chief 0"], signal.SIGCONT)
+      state[0] = "resumed"
+
+  return _launch_watching(args, react)
 
 
 def test_two_workers_train_to_the_end_through_a_worker_restart(tmp_path):
@@ -195,3 +210,29 @@ def test_schedule_steps_are_harness_steps_of_w_updates():
   per_step = async_ps._StepsOfUpdates(schedule, 2)   # pylint: disable=protected-access
   lrs = [float(per_step(tf.constant(u, tf.int64))) for u in range(6)]
   assert lrs == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+
+
+def test_a_crashed_chief_restarts_the_cluster_and_resumes_from_its_checkpoint(tmp_path):
+  """The coordinator failure of TF's parameter-server training: a chief that dies of a
+  signal (here a SIGSEGV at step 7, after the step-5 checkpoint) is restarted with the
+  whole cluster, and the run resumes from the checkpoint and ends exactly."""
+  crashed = []
+
+  def react(line, pids):
+    if not crashed and line.startswith("[chief 0]") and "step 7/" in line:
+      os.kill(pids["chief 0"], signal.SIGSEGV)
+      crashed.append(pids["chief 0"])
+
+  flags = _flags(RESNET, "Experiment.train_epochs = 1", "Experiment.eval_every_epochs = 0.5",
+                 "Experiment.checkpoint_every_epochs = 0.5")
+  code, output = _launch_watching(_launch(2, flags, tmp_path), react)
+  assert code == 0 and crashed, output[-5000:]
+  assert ("[launch] chief 0 crashed (SIGSEGV, code -11); restarting the cluster, the run "
+          "resumes from its last checkpoint if any (restart 1 of 3)") in output
+  result = helpers.result(tmp_path)
+  assert result.status == "budget_exhausted" and result.final_step == 10
+  assert result.resumed == 1 and [s["start_step"] for s in result.sessions] == [0, 5]
+  assert [step for step, _, _ in result.curve] == [5, 10]
+  # The restored counter went on from the checkpoint: 2 workers x 10 steps, none lost.
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+  assert reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 20
