@@ -63,9 +63,9 @@ data:
 
 # pytest exits 5 when it collected nothing: that must fail, not pass. The tests run in
 # TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing.
-# Measured on the 2-core AVX-512 EPYC (clean-clone .ci/run, 2026-11-24): 505-548 s of
+# Measured on the 2-core AVX-512 EPYC (clean-clone .ci/run, 2026-11-24): 505-633 s of
 # pytest with two processes (682-807 s before conftest freed each test's garbage at its
-# end, 901 s with one process then); 5.9-6.3 GB of memory in use at peak.
+# end, 901 s with one process then); 5.8-6.3 GB of memory in use at peak.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) tests; rc=$$?; \
