@@ -8,7 +8,7 @@ import tensorflow as tf
 from replibench.engine import regimes
 from replibench.engine.regimes import compressed
 from tests import helpers
-from tests.test_regimes import TIGHT_CLIP, _Run
+from tests.regime_runs import TIGHT_CLIP, Run
 
 SHAPES = [(3, 5), (7,), (1,), (2, 2, 3)]   # Tensors of one replica's gradient.
 ENTRIES = sum(int(np.prod(s)) for s in SHAPES)
@@ -87,7 +87,7 @@ def test_top_k_gather_sum_equals_dense_sum_of_sparsified(n):
     (lambda: regimes.Compressed(top_k=0.1), "all_gather")], ids=["bits8", "top_k"])
 def test_ledger_records_the_compressed_payload(make, collective):
   n = 2
-  run = _Run(make(), n, TIGHT_CLIP)
+  run = Run(make(), n, TIGHT_CLIP)
   run.train.trace()
   ledger = run.train._ledger  # pylint: disable=protected-access
   entries = [e for e in ledger.entries() if e.kind == "gradients"]

@@ -17,102 +17,12 @@ from replibench.engine.regimes import compressed, gossip
 from replibench.errors import UserError
 from tests import helpers
 
-GLOBAL_BATCH = 16
-STEPS = 4
-# Binds (the initial gradient norm is above it, checked below): the compressed
-# regime must clip the global gradient, as sync does.
-TIGHT_CLIP = 0.2
-# Does not bind. Local steps clip their own gradient, so local SGD and gossip
-# equal sync only while clipping is inactive (like any nonlinearity in the update).
-LOOSE_CLIP = 100.0
-
-
-def _mlp():
-  keras.utils.set_random_seed(1)
-  return keras.Sequential([
-      keras.Input((8, 8, 3)), keras.layers.Flatten(),
-      keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10)])
-
-
-class _Run:
-  """A tiny MLP trained with SGD + momentum under regime on n replicas (None: no strategy)."""
-
-  def __init__(self, regime, n, clip=LOOSE_CLIP):
-    self.replicator = (engine.Replicator(engine.Local(num_replicas=n, device="cpu"), regime)
-                       if n is not None else None)
-    self.regime = regime
-    with self._scope():
-      self.model = _mlp()
-      self.optimizer = keras.optimizers.SGD(0.1, momentum=0.9, global_clipnorm=clip)
-      regime.build_optimizer(self.optimizer, self.model.trainable_variables)
-    x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
-
-    def input_fn(ctx):
-      ds = tf.data.Dataset.from_tensor_slices((x, y))
-      ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).repeat()
-
-    if self.replicator is not None:
-      self.train = self.replicator.compile(self._step_fn, input_fn, GLOBAL_BATCH)
-    else:
-      batches = iter(input_fn(engine.InputContext(GLOBAL_BATCH, 0, 1, 1)))
-      step = tf.function(self._step_fn)
-
-      def train():
-        outputs = step(next(batches))
-        return {k: v.numpy() for k, v in outputs.items()}
-
-      self.train = train
-
-  def _scope(self):
-    return self.replicator.scope() if self.replicator else contextlib.nullcontext()
-
-  def _step_fn(self, batch):
-    images, labels = batch
-    variables = self.model.trainable_variables
-    with tf.GradientTape() as tape:
-      logits = self.model(images, training=True)
-      per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-      loss = engine.average_loss(per_example, GLOBAL_BATCH)
-    self.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
-    outputs = {"loss": engine.all_reduce(loss, "sum")}
-    if self.replicator is None:   # Replicator.run adds these itself.
-      outputs.update(self.regime.step_metrics())
-    return outputs
-
-  def run(self, steps=STEPS) -> list:
-    return [self.train() for _ in range(steps)]
-
-  def variables(self) -> list:
-    return self.model.trainable_variables + self.optimizer.variables
-
-  def copies(self, variable) -> list:
-    """Every replica's value of variable."""
-    if self.replicator is None:
-      return [variable.numpy()]
-    return [c.numpy() for c in
-            self.replicator.strategy.experimental_local_results(variable.value)]
-
-
-def _assert_replicas_equal(run):
-  for v in run.variables():
-    copies = run.copies(v)
-    for c in copies[1:]:
-      np.testing.assert_array_equal(c, copies[0], err_msg=f"{v.path} differs across replicas")
-
-
-def _assert_same_training(run, reference, exact):
-  for v, ref in zip(run.variables(), reference.variables()):
-    want = ref.numpy()
-    for got in run.copies(v):
-      if exact:
-        np.testing.assert_array_equal(got, want, err_msg=v.path)
-      else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=v.path)
+from tests.regime_runs import (GLOBAL_BATCH, LOOSE_CLIP, STEPS, TIGHT_CLIP, Run,
+                                assert_replicas_equal, assert_same_training, mlp)
 
 
 def test_tight_clip_binds():
-  model = _mlp()
+  model = mlp()
   x, y = helpers.random_images(GLOBAL_BATCH * STEPS)
   with tf.GradientTape() as tape:
     logits = model(x[:GLOBAL_BATCH], training=True)
@@ -137,24 +47,24 @@ def test_equivalent_settings_match_sync(n):
   references = {}
   for name, make, clip, exact in EQUIVALENT:
     if clip not in references:
-      references[clip] = _Run(regimes.Sync(), n, clip)
+      references[clip] = Run(regimes.Sync(), n, clip)
       references[clip].run()
-    run = _Run(make(), n, clip)
+    run = Run(make(), n, clip)
     metrics = run.run()
     assert all(np.isfinite(m["loss"]) for m in metrics), name
     assert all(k in metrics[0] for k in ("regime/bytes_communicated",)), (name, metrics[0])
-    _assert_replicas_equal(run)
-    _assert_same_training(run, references[clip], exact)
+    assert_replicas_equal(run)
+    assert_same_training(run, references[clip], exact)
 
 
 def test_local_sgd_replicas_agree_only_after_averaging():
-  run = _Run(regimes.LocalSGD(sync_every=3), 4)
+  run = Run(regimes.LocalSGD(sync_every=3), 4)
   bytes_sent = []
   for step in range(1, 6):
     bytes_sent.append(run.train()["regime/bytes_communicated"])
     kernel = run.copies(run.model.layers[-1].kernel)
     if step % 3 == 0:
-      _assert_replicas_equal(run)
+      assert_replicas_equal(run)
     else:
       assert not np.allclose(kernel[0], kernel[1]), f"replicas equal after step {step}"
   state = sum(v.numpy().size * 4 for v in run.model.trainable_variables) * 2  # + momenta
@@ -189,7 +99,7 @@ def test_local_steps_take_embedding_gradients():
 
 def test_gossip_ring_mixes_keeping_the_mean():
   """One step from equal replicas: ring and complete mixing see the same local steps."""
-  ring, complete = _Run(regimes.Gossip(graph=regimes.Ring()), 4), _Run(regimes.Gossip(graph=regimes.Complete()), 4)
+  ring, complete = Run(regimes.Gossip(graph=regimes.Ring()), 4), Run(regimes.Gossip(graph=regimes.Complete()), 4)
   ring_metrics, complete_metrics = ring.train(), complete.train()
   assert ring_metrics["regime/consensus_distance"] > 0
   np.testing.assert_allclose(ring_metrics["regime/consensus_distance"],
@@ -288,10 +198,10 @@ def test_error_feedback_carries_what_compression_drops():
 
 
 def test_compressed_8_bit_trains_close_to_sync():
-  run, sync = _Run(regimes.Compressed(bits=8), 2, TIGHT_CLIP), _Run(regimes.Sync(), 2, TIGHT_CLIP)
+  run, sync = Run(regimes.Compressed(bits=8), 2, TIGHT_CLIP), Run(regimes.Sync(), 2, TIGHT_CLIP)
   metrics = run.run()
   sync.run()
-  _assert_replicas_equal(run)
+  assert_replicas_equal(run)
   kernel = run.model.layers[-1].kernel.numpy()
   want = sync.model.layers[-1].kernel.numpy()
   assert not np.array_equal(kernel, want)
@@ -318,14 +228,25 @@ HARNESS_CASES = [
      ["regime/bytes_communicated", "regime/compression_ratio"]),
     ("Gossip", ["regimes.Gossip.graph = @regimes.Ring()"],
      ["regime/bytes_communicated", "regime/consensus_distance"]),
+    # SwarmSGD: local steps, a random pair every 2 steps, 8-bit copies.
+    ("LocalSGD", ["regimes.LocalSGD.sync_every = 2", "regimes.LocalSGD.average = @regimes.Gossip()",
+                  "regimes.Gossip.graph = @regimes.RandomMatching()",
+                  "regimes.Gossip.compression = @regimes.Compressed()",
+                  "regimes.Compressed.bits = 8"],
+     ["regime/bytes_communicated", "regime/consensus_distance"]),
+    # Decentralised data: each replica its own Dirichlet(0.1) shard.
+    ("GradientTracking", ["FashionMNIST.partition = 'dirichlet'",
+                          "regimes.GradientTracking.graph = @regimes.Ring()"],
+     ["regime/bytes_communicated", "regime/consensus_distance"]),
 ]
+CASE_IDS = ["local_sgd", "compressed", "gossip", "swarm_sgd", "gradient_tracking"]
 
 
 def _bindings(regime, extra):
   return [*helpers.TINY[CONFIG], f"Experiment.regime = @regimes.{regime}()", *extra]
 
 
-@pytest.mark.parametrize("regime,bindings,tags", HARNESS_CASES)
+@pytest.mark.parametrize("regime,bindings,tags", HARNESS_CASES, ids=CASE_IDS)
 def test_plan_shows_the_regime(regime, bindings, tags):
   del tags
   files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
@@ -343,25 +264,24 @@ def harness_runs(tmp_path_factory):
   """
   # Made here, not in the threads: the factory's first mktemp of a session
   # creates its base directory, and concurrent first calls race there.
-  workdirs = {regime: tmp_path_factory.mktemp(regime) for regime, _, _ in HARNESS_CASES}
+  workdirs = {case: tmp_path_factory.mktemp(case) for case in CASE_IDS}
 
   def run(case):
-    regime, bindings, _ = case
-    workdir = workdirs[regime]
+    (regime, bindings, _), workdir = HARNESS_CASES[CASE_IDS.index(case)], workdirs[case]
     done = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
                        *(f"--gin_bindings={b}" for b in _bindings(regime, bindings)),
                        "--max_steps=2", f"--workdir={workdir}")
     assert done.returncode == 0, done.stderr[-3000:]
-    return regime, workdir
+    return case, workdir
 
   with concurrent.futures.ThreadPoolExecutor(len(HARNESS_CASES)) as pool:
-    return dict(pool.map(run, HARNESS_CASES))
+    return dict(pool.map(run, CASE_IDS))
 
 
-@pytest.mark.parametrize("regime,bindings,tags", HARNESS_CASES)
-def test_regime_runs_through_the_harness(harness_runs, regime, bindings, tags):
-  del bindings
-  workdir = harness_runs[regime]
+@pytest.mark.parametrize("case,tags", [(c, t) for c, (_, _, t) in zip(CASE_IDS, HARNESS_CASES)],
+                         ids=CASE_IDS)
+def test_regime_runs_through_the_harness(harness_runs, case, tags):
+  workdir = harness_runs[case]
   result = helpers.result(workdir)
   assert result.status == "budget_exhausted" and result.final_step == 2
   events = helpers.event_tags(workdir)

@@ -26,6 +26,7 @@ import struct
 import numpy as np
 import tensorflow as tf
 
+from replibench.data import partition
 from replibench.errors import UserError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
@@ -237,6 +238,30 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
     x, y = tf.gather(images, idx), tf.gather(labels, idx)
     if augment:
       x = augment_batch(x, tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + pipe, step]),
+                        crop_padding=crop_padding, flip=flip)
+    return normalize(x), y
+
+  ds = ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def partitioned_dataset(ctx, *, scheme: str, alpha: float, seed: int, augment: bool = True,
+                        crop_padding: int = 0, flip: bool = True, data_dir: str | None = None,
+                        num_examples: int | None = None) -> tf.data.Dataset:
+  """One pipeline's endless training batches when every replica owns a fixed shard of the
+  train split (data/partition.py: scheme, alpha): (images float32 [b,28,28,1], labels
+  int32 [b]) for its replicas in turn. ctx: the engine's InputContext; a resumed run
+  (ctx.start_step) skips each replica's consumed batches."""
+  images_np, labels_np = load("train", data_dir)
+  images_np, labels_np = images_np[:num_examples], labels_np[:num_examples]
+  images, labels = tf.constant(images_np), tf.constant(labels_np.astype(np.int32))
+  ds = partition.pipeline_streams(labels_np, ctx, scheme, alpha, seed,
+                                  skip_batches=ctx.start_step)
+
+  def make_batch(idx, step, replica):
+    x, y = tf.gather(images, idx), tf.gather(labels, idx)
+    if augment:
+      x = augment_batch(x, tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + replica, step]),
                         crop_padding=crop_padding, flip=flip)
     return normalize(x), y
 

@@ -11,7 +11,7 @@ import dataclasses
 import gin
 import tensorflow as tf
 
-from replibench.data import fashion_mnist, tfds_images
+from replibench.data import fashion_mnist, partition, tfds_images
 from replibench.data.resume import batches_consumed
 from replibench.errors import UserError
 
@@ -29,10 +29,15 @@ class FashionMNIST:
   pixels: str = "standardized"
   num_train_examples: int | None = None   # A prefix of each split (quick tries, tests);
   num_eval_examples: int | None = None    # None = all 60,000 / 10,000.
+  # Decentralised data (data/partition.py): None, every replica reads the whole split;
+  # 'iid' | 'dirichlet' | 'by_class', each replica its own fixed shard for the run.
+  partition: str | None = None
+  dirichlet_alpha: float = 0.1
   num_classes = 10
   image_shape = (28, 28, 1)
 
   def __post_init__(self):
+    partition.check(self.partition, self.dirichlet_alpha)
     if self.pixels not in ("standardized", "tanh"):
       raise UserError(f"FashionMNIST.pixels = {self.pixels!r}: must be 'standardized' or "
                       f"'tanh'.")
@@ -55,6 +60,10 @@ class FashionMNIST:
 
   def train(self, ctx, seed: int) -> tf.data.Dataset:
     """Endless (images [b,28,28,1] float32, labels [b] int32) at ctx's batch size."""
+    if self.partition is not None:
+      return self._rescale(fashion_mnist.partitioned_dataset(
+          ctx, scheme=self.partition, alpha=self.dirichlet_alpha, seed=seed,
+          augment=self.augment, data_dir=self.data_dir, num_examples=self.num_train_examples))
     ds = fashion_mnist.dataset(
         "train", per_replica_batch_size=ctx.per_replica_batch_size,
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,

@@ -8,7 +8,8 @@ Public API (documented in README.md):
   collectives   all_reduce, all_gather, broadcast, pair_all_reduce, permute, replica_id,
                 num_replicas
   aggregation   average_loss, all_reduce_gradients, sync_apply_gradients(_jointly)
-  regimes       Sync (default), LocalSGD, Compressed, Gossip; ps.AsyncPS: what
+  regimes       Sync (default), LocalSGD, Compressed, Gossip, GradientTracking (LocalSGD's
+                average may be a Gossip: SwarmSGD); ps.AsyncPS: what
                 regime.build_optimizer / regime.apply_gradients do
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
   cost          parameter_count, graph_flops, forward_flops, gradient_bytes

@@ -252,18 +252,19 @@ class Compressed(Regime):
           "optimizer with engine.build_optimizer under Replicator.scope() first.")
     return found[1]
 
-  def exchange(self, values: list, step: tf.Tensor) -> tuple:
+  def exchange(self, values: list, step: tf.Tensor, kind: str = "gradients") -> tuple:
     """(C(x) for this replica's tensors values, the sum over replicas of their C(x)),
-    the sum sent in the compressed format (call in replica context)."""
+    the sum sent in the compressed format (call in replica context); kind names
+    the collectives in the communication account."""
     if self.top_k is not None:
-      return self._exchange_sparse(values)
-    return self._exchange_quantized(values, step)
+      return self._exchange_sparse(values, kind)
+    return self._exchange_quantized(values, step, kind)
 
-  def _exchange_quantized(self, values, step):
-    # The scales are part of the gradient payload (wire_bytes counts them): one
-    # gathered [T] vector; the levels then go in one packed all-reduce.
+  def _exchange_quantized(self, values, step, kind):
+    # The scales are part of the payload (wire_bytes counts them): one gathered
+    # [T] vector; the levels then go in one packed all-reduce.
     scales = collectives.all_reduce(
-        tf.stack([tf.reduce_max(tf.abs(x)) for x in values]), "max", kind="gradients")
+        tf.stack([tf.reduce_max(tf.abs(x)) for x in values]), "max", kind=kind)
     base = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
     base = tf.random.experimental.stateless_fold_in(base, collectives.replica_id())
     levels = [stochastic_levels(x, scales[i], self.bits,
@@ -273,10 +274,10 @@ class Compressed(Regime):
            for i, (l, x) in enumerate(zip(levels, values))]
     n = collectives.num_replicas()
     summed = [dequantize(s, scales[i], self.bits, count=n, dtype=x.dtype)
-              for i, (s, x) in enumerate(zip(packed_level_sum(levels, self.bits), values))]
+              for i, (s, x) in enumerate(zip(packed_level_sum(levels, self.bits, kind), values))]
     return own, summed
 
-  def _exchange_sparse(self, values):
+  def _exchange_sparse(self, values, kind):
     # Indices are flat over all tensors concatenated, so one gather carries them all.
     sizes = [x.shape.num_elements() for x in values]
     if sum(sizes) >= 2**31:
@@ -286,7 +287,7 @@ class Compressed(Regime):
     own = [densify(i, v, x) for (i, v), x in zip(picks, values)]
     index = tf.concat([i + offset for (i, _), offset in zip(picks, offsets)], axis=0)
     kept = tf.concat([tf.cast(v, tf.float32) for _, v in picks], axis=0)
-    dense = sparse_sum(index, kept, sum(sizes))
+    dense = sparse_sum(index, kept, sum(sizes), kind)
     return own, [tf.cast(s, x.dtype) for s, x in zip(_split_like(dense, values), values)]
 
   def apply_gradients(self, optimizer, grads, variables):

@@ -25,14 +25,21 @@ over the trainable parameters, measured after the local step and before mixing
 drops it); 'regime/bytes_communicated', the bytes of parameters and slots each
 replica contributes as payload per step: one copy per neighbour (a pair's ring
 all-reduce sends each member exactly that), one copy for Complete's all-reduce.
+
+`compression = @regimes.Compressed()` (bits) quantizes every copy a replica
+receives (quantized_exchange.py); `Gossip.average` is also the mixing step of
+`regimes.LocalSGD.average`, which with RandomMatching and compression is
+SwarmSGD; GradientTracking (gradient_tracking.py) mixes on the same graphs.
 """
 
 import gin
 import tensorflow as tf
 
-from replibench.engine import collectives
+from replibench.engine import collectives, communication
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.base import STATE, Regime
+from replibench.engine.regimes.compressed import Compressed
+from replibench.engine.regimes.quantized_exchange import StateQuantizer
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 
@@ -53,16 +60,26 @@ class Graph:
     """Copies of its state each replica sends per step: one per neighbour."""
     return self.neighbours(n)
 
-  def mix(self, flat: tf.Tensor, replica: tf.Tensor, n: int, step: tf.Tensor) -> tf.Tensor:
-    """This replica's mixed state, from its own, flat [entries] (replica context)."""
+  def mix(self, flat: tf.Tensor, replica: tf.Tensor, n: int, step: tf.Tensor,
+          quantizer: "PairQuantizer | None" = None) -> tf.Tensor:
+    """This replica's mixed state, from its own, flat [entries] (replica context).
+
+    quantizer: None sends the state as it is (the mix keeps the replicas' mean
+    exactly); otherwise each neighbour's copy arrives quantized (PairQuantizer)
+    and this replica's own stays exact, as in SwarmSGD.
+    """
     if n == 1:
       return flat
     partners = self.partners(replica, n, step)
-    sums = collectives.pair_all_reduce(flat, partners)   # [k, entries]: x_i + x_partner.
-    # A replica sitting out gets x_i back: it counts as no neighbour and the
-    # subtraction removes it exactly.
-    k = partners.shape[0]
+    # A replica sitting out gets x_i back: it counts as no neighbour.
     count = tf.reduce_sum(tf.cast(tf.not_equal(partners, replica), flat.dtype))
+    if quantizer is not None:
+      received = [quantizer.partner_copy(flat, replica, p, step, slot)
+                  for slot, p in enumerate(tf.unstack(partners))]
+      return (flat + tf.add_n(received)) / (1.0 + count)
+    sums = collectives.pair_all_reduce(flat, partners)   # [k, entries]: x_i + x_partner.
+    # The subtraction removes x_i from every sum exactly (a sitting-out slot is x_i alone).
+    k = partners.shape[0]
     return (tf.reduce_sum(sums, axis=0) - (k - 1) * flat) / (1.0 + count)
 
 
@@ -101,9 +118,10 @@ class RandomMatching(Graph):
 class Complete(Graph):
   """w_i <- mean_j w_j: the same as synchronous averaging (a check)."""
 
-  def mix(self, flat, replica, n, step):
-    del replica, n, step
-    return collectives.all_reduce(flat, "mean", kind="parameters")
+  def mix(self, flat, replica, n, step, quantizer=None):
+    if quantizer is None or n == 1:
+      return collectives.all_reduce(flat, "mean", kind="parameters")
+    return (flat + quantizer.others_sum(flat, replica, step)) / float(n)
 
   def neighbours(self, n):
     return n - 1
@@ -139,34 +157,79 @@ class Gossip(Regime):
   """Local steps, then neighbour averaging of parameters and slots after every step.
 
   graph: a Graph (gin: `regimes.Gossip.graph = @regimes.Ring()`, the default).
+  compression: None (copies exchanged as float32) or @regimes.Compressed() with
+  `bits`: every copy a replica receives is quantized (quantized_exchange.py).
+  A Gossip is also how `regimes.LocalSGD.average` mixes every H steps (SwarmSGD).
   """
 
   name = "gossip"
   exchanges = STATE
 
-  def __init__(self, graph: Graph | None = None, report_consensus: bool = True):
+  def __init__(self, graph: Graph | None = None, compression: Compressed | None = None,
+               report_consensus: bool = True):
     graph = Ring() if graph is None else graph
     if not isinstance(graph, Graph):
       raise UserError(
           f"regimes.Gossip.graph must be a gossip graph, e.g. @regimes.Ring(), "
           f"@regimes.RandomMatching() or @regimes.Complete(); got {graph!r}.")
-    self.graph, self.report_consensus = graph, bool(report_consensus)
+    if compression is not None and (not isinstance(compression, Compressed)
+                                    or compression.top_k is not None):
+      raise UserError(
+          f"regimes.Gossip.compression quantizes the exchanged model: it must be "
+          f"@regimes.Compressed() with regimes.Compressed.bits set (top_k would zero most of "
+          f"a model), or None; got {compression!r}"
+          f"{' with top_k' if isinstance(compression, Compressed) else ''}.")
+    if compression is not None and compression.lossless:
+      compression = None   # bits = 32: the copies as they are.
+    self.graph, self.compression = graph, compression
+    self.report_consensus = bool(report_consensus)
     self._metrics = StepMetrics()
 
   def apply_gradients(self, optimizer, grads, variables):
     replica_state.apply_local(optimizer, grads, variables)
     params = [v for g, v in zip(grads, variables) if g is not None]
     state = params + replica_state.optimizer_slots(optimizer)
+    self.average(state, len(params), optimizer.iterations)
+    self._metrics.add("regime/bytes_communicated",
+                      self.wire_bytes(replica_state.state_sizes(state),
+                                      collectives.num_replicas()))
+
+  def average(self, state: list, num_params: int, step: tf.Tensor, every: int = 1) -> None:
+    """Mixes this replica's copy of state (parameters first, num_params of them, then
+    slots) with its neighbours' copies, at the steps where step % every == 0. Reports
+    the consensus distance of the parameters before mixing, every step. Replica context."""
     flat = replica_state.read_flat(state)   # Parameters first, then slots.
     if self.report_consensus:
-      num_params = sum(replica_state.tf_variable(v).shape.num_elements() for v in params)
+      params = sum(replica_state.state_sizes(state[:num_params]))
       self._metrics.add("regime/consensus_distance_sq",
-                        replica_state.squared_consensus_distance(flat[:num_params]))
-    n = collectives.num_replicas()
-    mixed = self.graph.mix(flat, collectives.replica_id(), n, optimizer.iterations)
+                        replica_state.squared_consensus_distance(flat[:params]))
+    with communication.every(every):   # The account counts the mixing 1/every a step.
+      when = tf.equal(step % every, 0)
+      if every > 1 and self._mixes_by_all_reduce():
+        # An all-reduce of every replica may not sit in replica-context control flow
+        # (MirroredStrategy): average_when conditions it in cross-replica context.
+        replica_state.average_when(when, state)
+        return
+      n, replica = collectives.num_replicas(), collectives.replica_id()
+      quantizer = (None if self.compression is None else
+                   StateQuantizer(self.compression, replica_state.state_sizes(state)))
+      mix = lambda: self.graph.mix(flat, replica, n, step, quantizer)
+      # Pair exchanges are plain collective ops, which a tf.cond may hold: every
+      # replica takes the same branch.
+      mixed = mix() if every == 1 else tf.cond(when, mix, lambda: flat)
     replica_state.assign_flat(state, mixed)
-    self._metrics.add("regime/bytes_communicated",
-                      self.wire_bytes(replica_state.state_sizes(state), n))
+
+  def _mixes_by_all_reduce(self) -> bool:
+    return isinstance(self.graph, Complete)
+
+  def check_every(self, steps: int, binding: str) -> None:
+    """Raises UserError if this gossip cannot mix every `steps` steps (under a condition)."""
+    if steps > 1 and self._mixes_by_all_reduce() and self.compression is not None:
+      raise UserError(
+          f"{binding}: a Gossip over @regimes.Complete() with compression mixes through "
+          f"all-reduces of every replica, which cannot run every few steps only "
+          f"(MirroredStrategy forbids them under a condition). Use a pair graph "
+          f"(@regimes.RandomMatching(), @regimes.Ring()), no compression, or H = 1.")
 
   def step_metrics(self):
     metrics = self._metrics.take()
@@ -176,15 +239,22 @@ class Gossip(Regime):
 
   def wire_bytes(self, sizes, num_replicas):
     """Bytes each replica sends per step: a copy of its parameters and slots per
-    neighbour (Complete: one, to its all-reduce)."""
-    return self.graph.payloads(num_replicas) * _payload(sizes)
+    neighbour (Complete: one, to its all-reduce), quantized if compression is set."""
+    if self.compression is None:
+      copy = _payload(sizes)
+    else:
+      copy = StateQuantizer(self.compression, sizes).bytes_per_copy(
+          num_replicas, self._mixes_by_all_reduce())
+    return self.graph.payloads(num_replicas) * copy
 
   def setting(self):
-    return f"{self.name}(graph={type(self.graph).__name__})"
+    bits = "" if self.compression is None else f", bits={self.compression.bits}"
+    return f"{self.name}(graph={type(self.graph).__name__}{bits})"
 
   def hparams(self):
     return {"regime": self.name, "graph": type(self.graph).__name__,
-            "gossip_seed": getattr(self.graph, "seed", 0)}
+            "gossip_seed": getattr(self.graph, "seed", 0),
+            "bits": 0 if self.compression is None else self.compression.bits}
 
 
 def _payload(sizes: list[int]) -> float:

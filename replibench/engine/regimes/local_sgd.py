@@ -17,8 +17,9 @@ respectively.
 import gin
 import tensorflow as tf
 
-from replibench.engine import communication
+from replibench.engine import collectives, communication
 from replibench.engine.regimes import replica_state
+from replibench.engine.regimes.gossip import Gossip
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
@@ -26,41 +27,63 @@ from replibench.errors import UserError
 
 @gin.configurable(module="regimes")
 class LocalSGD(Regime):
-  """Local steps on every replica; parameters and slots averaged every sync_every steps."""
+  """Local steps on every replica; parameters and slots averaged every sync_every steps.
+
+  average: None, the mean of all replicas in one all-reduce; or a
+  @regimes.Gossip(), whose graph (and compression) mixes the copies instead:
+  with @regimes.RandomMatching() and Compressed bits, SwarmSGD.
+  """
 
   name = "local_sgd"
   exchanges = STATE
 
-  def __init__(self, sync_every: int = 8):
+  def __init__(self, sync_every: int = 8, average: Gossip | None = None):
     if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
       raise UserError(
           f"regimes.LocalSGD.sync_every must be a positive integer (optimizer steps between "
           f"parameter averages; 1 is synchronous training), got {sync_every!r}.")
-    self.sync_every = sync_every
+    if average is not None and not isinstance(average, Gossip):
+      raise UserError(
+          f"regimes.LocalSGD.average must be None (the mean of all replicas) or "
+          f"@regimes.Gossip() (its graph and compression mix the copies), got {average!r}.")
+    if average is not None:
+      average.check_every(sync_every, "regimes.LocalSGD.average")
+    self.sync_every, self.average = sync_every, average
     self._metrics = StepMetrics()
 
   def apply_gradients(self, optimizer, grads, variables):
     replica_state.apply_local(optimizer, grads, variables)
-    state = [v for g, v in zip(grads, variables) if g is not None]
-    state += replica_state.optimizer_slots(optimizer)
+    params = [v for g, v in zip(grads, variables) if g is not None]
+    state = params + replica_state.optimizer_slots(optimizer)
     # optimizer.iterations counts the step just applied (read after its update).
     averaging = tf.equal(optimizer.iterations % self.sync_every, 0)
-    with communication.every(self.sync_every):   # The account counts it 1/H a step.
-      replica_state.average_when(averaging, state)
-    # What each replica contributes to the all-reduce: its parameters and slots.
-    sent = float(self.sync_every * self.wire_bytes(replica_state.state_sizes(state), 0))
+    if self.average is None:
+      with communication.every(self.sync_every):   # The account counts it 1/H a step.
+        replica_state.average_when(averaging, state)
+    else:
+      self.average.average(state, len(params), optimizer.iterations, every=self.sync_every)
+    # What each replica contributes to the exchange when it happens.
+    sent = float(self.sync_every * self.wire_bytes(replica_state.state_sizes(state),
+                                                   collectives.num_replicas()))
     self._metrics.add("regime/bytes_communicated", tf.where(averaging, sent, 0.0))
 
   def step_metrics(self):
-    return self._metrics.take()
+    own = self._metrics.take()
+    return {**own, **self.average.step_metrics()} if self.average else own
 
   def wire_bytes(self, sizes, num_replicas):
-    """Parameters and slots, once every sync_every steps: per step on average."""
-    del num_replicas
-    return 4.0 * sum(sizes) / self.sync_every
+    """Parameters and slots (or the gossip's copies of them), once every sync_every
+    steps: per step on average."""
+    once = (4.0 * sum(sizes) if self.average is None
+            else self.average.wire_bytes(sizes, num_replicas))
+    return once / self.sync_every
 
   def setting(self):
-    return f"{self.name}(sync_every={self.sync_every})"
+    average = "" if self.average is None else f", average={self.average.setting()}"
+    return f"{self.name}(sync_every={self.sync_every}{average})"
 
   def hparams(self):
-    return {"regime": self.name, "sync_every": self.sync_every}
+    mixing = {} if self.average is None else {
+        k: v for k, v in self.average.hparams().items() if k != "regime"}
+    return {"regime": self.name, "sync_every": self.sync_every,
+            "average": "all_reduce" if self.average is None else "gossip", **mixing}
