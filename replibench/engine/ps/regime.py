@@ -22,6 +22,11 @@ chosen so that sync and async numbers compare:
   * Staleness ('regime/staleness', mean per call): replica steps of other
     workers that completed between a step's start (its read of the variables)
     and its own update, counted on one atomic counter on the ps.
+  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, ps/stragglers.py):
+    a slowed update sleeps between computing its gradients and pushing them (the
+    first apply_gradients of its step), so its update lands later and staler, as
+    a slow worker's would. Update u of the draw is the update counter read at the
+    step's start.
 """
 
 import threading
@@ -33,6 +38,7 @@ import tensorflow as tf
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
 from replibench.engine.ps import locked_updates
+from replibench.engine.ps.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
 from replibench.errors import UserError
 
@@ -62,13 +68,19 @@ class AsyncPS(Regime):
 
   name = "async_ps"
 
-  def __init__(self):
+  def __init__(self, stragglers: Stragglers | None = None):
+    if stragglers is not None and not isinstance(stragglers, Stragglers):
+      raise UserError(f"regimes.AsyncPS.stragglers must be None or @regimes.Stragglers(), "
+                      f"got {stragglers!r}.")
+    self.stragglers = stragglers
     self.workers = 1              # W, set by the replicator from TF_CONFIG.
     self._updates = None          # Replica steps completed over all workers (on a ps).
     self._local = threading.local()
 
   def attach(self, workers: int, updates_counter: tf.Variable) -> None:
     """Called by the AsyncReplicator once it knows the cluster."""
+    if self.stragglers is not None:
+      self.stragglers.check_workers(workers)
     self.workers, self._updates = workers, updates_counter
 
   def check(self, topology):
@@ -109,18 +121,34 @@ class AsyncPS(Regime):
     return [self._local.before]
 
   def apply_gradients(self, optimizer, grads, variables):
+    # `replibench plan` traces a step without begin_step (no cluster): apply only.
+    tracing_plan = getattr(self._local, "applied", None) is None
+    if self.stragglers is not None and not tracing_plan and not self._local.applied:
+      # The step's first update: a slowed one pushes its gradients late.
+      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+      grads = self.stragglers.delay(worker, self._local.before, grads)
     # No all-reduce: this worker's gradient goes straight to the ps variables.
     aggregation.apply_reduced(optimizer, grads, variables)
+    if tracing_plan:
+      return
     # Read after the update (ordered by the variable): step_metrics counts after it.
     self._local.applied.append(tf.convert_to_tensor(optimizer.iterations))
     self._local.sent += tensor_sizes(grads)
 
   def step_metrics(self):
+    if getattr(self._local, "applied", None) is None:   # `replibench plan`'s trace.
+      return {}
     with tf.control_dependencies(self._local.applied):
       after = self._updates.assign_add(1, read_value=True)
     staleness = after - self._local.before - 1
     return {"regime/staleness": tf.cast(staleness, tf.float32),
             "regime/bytes_communicated": tf.constant(self.wire_bytes(self._local.sent, 0))}
+
+  def setting(self):
+    return self.name if self.stragglers is None else f"{self.name}({self.stragglers.setting()})"
+
+  def hparams(self):
+    return {"regime": self.name, **(self.stragglers.hparams() if self.stragglers else {})}
 
   # wire_bytes (the base's): per worker update, the gradient pushed to the ps, as Sync
   # counts per replica. Pulling the parameters back moves as many bytes again.
