@@ -111,8 +111,9 @@ def test_wire_bytes_by_format():
   sizes = [700, 7, 1]
   assert regimes.Compressed(bits=32).wire_bytes(sizes, 4) == 4 * 708
   assert regimes.Compressed(top_k=1.0).wire_bytes(sizes, 4) == 4 * 708
-  # bits=8: 8 + 0 headroom bits (7 fields a word) on 1 replica, + 1 on 2 (7), + 2 on 4 (6).
+  # bits=8: 8 + 0 headroom bits (7 fields a word) on 1 replica, + 1 on 2 (7), + 2 on 4 (6);
+  # the scales' all-gather first gathers its shape (int32 [2]: 8 bytes), as top_k's does.
   eight = regimes.Compressed(bits=8)
-  assert eight.wire_bytes(sizes, 1) == eight.wire_bytes(sizes, 2) == 8 * 102 + 4 * 3
-  assert eight.wire_bytes(sizes, 4) == 8 * 118 + 4 * 3
-  assert regimes.Compressed(top_k=0.1).wire_bytes(sizes, 4) == 8 * (70 + 1 + 1)
+  assert eight.wire_bytes(sizes, 1) == eight.wire_bytes(sizes, 2) == 8 * 102 + 4 * 3 + 8
+  assert eight.wire_bytes(sizes, 4) == 8 * 118 + 4 * 3 + 8
+  assert regimes.Compressed(top_k=0.1).wire_bytes(sizes, 4) == 8 * (70 + 1 + 1) + 8

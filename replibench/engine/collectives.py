@@ -120,7 +120,15 @@ def all_reduce(x, op: str = "sum", kind: str = "other"):
 
 
 def all_gather(x, axis: int = 0, kind: str = "other"):
-  """Concatenates every replica's x along axis, in replica order."""
+  """Concatenates every replica's x along axis, in replica order.
+
+  tf.distribute's collective all-gather first gathers each tensor's shape (an
+  int32 vector of its rank), then the tensor padded to the largest: both are
+  in the account, so a small gather's transfers are all counted.
+  """
+  for t in tf.nest.flatten(x):
+    shape = tf.TensorSpec([len(tf.convert_to_tensor(t).shape)], tf.int32)
+    communication.record(kind, shape, collective="all_gather")
   communication.record(kind, x, collective="all_gather")
   return _group().all_gather(x, axis)
 

@@ -313,12 +313,16 @@ class Compressed(Regime):
   def wire_bytes(self, sizes, num_replicas):
     """Bytes one replica contributes per step for float32 tensors of these sizes
     (entries) among num_replicas: 8 per packed int64 word plus 4 per tensor for the
-    scales (bits), 8 per kept entry (value + index; top_k), 4 per entry (lossless)."""
+    scales (bits), 8 per kept entry (value + index; top_k), 4 per entry (lossless).
+    The step's one all-gather (the scales', or top_k's entries) also gathers its
+    [1, m] payload's shape first: 8 bytes (collectives.all_gather)."""
+    shape = 8   # int32 [2]: a gathered [1, m] tensor's shape.
     if self.lossless:
       return float(4 * sum(sizes))
     if self.top_k is not None:
-      return float(sum(8 * kept_entries(n, self.top_k) for n in sizes))
-    return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + 4 * len(sizes))
+      return float(sum(8 * kept_entries(n, self.top_k) for n in sizes) + shape)
+    return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + 4 * len(sizes)
+                 + shape)
 
   def step_metrics(self):
     metrics = self._metrics.take()
