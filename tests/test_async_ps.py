@@ -31,9 +31,9 @@ def _flags(config: str, *bindings: str) -> list[str]:
           *(f"--gin_bindings={b}" for b in [*helpers.TINY[config], *bindings])]
 
 
-def _launch(workers: int, flags: list[str], workdir) -> list[str]:
+def _launch(workers: int, flags: list[str], workdir, topology: str = PS) -> list[str]:
   return ["launch", f"--workers={workers}", "--ps=1", "--timeout=400", "--", "run", *flags,
-          f"--gin_file={PS}", f"--gin_bindings=topology.MultiWorker.workers = {workers}",
+          f"--gin_file={topology}", f"--gin_bindings=topology.MultiWorker.workers = {workers}",
           f"--workdir={workdir}"]
 
 

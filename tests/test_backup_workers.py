@@ -14,7 +14,8 @@ from replibench.engine import ps
 from replibench.engine.ps import stragglers as stragglers_lib
 from replibench.errors import UserError
 from tests import helpers
-from tests.test_async_ps import _assert_close_to_scale, _cluster, _variables
+from tests import test_async_ps as async_ps_test
+from tests.test_async_ps import _assert_close_to_scale, _cluster, _flags, _variables
 
 RESNET, GAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist.gin"
 BACKUP = "configs/topology/backup.gin"
@@ -23,15 +24,8 @@ BACKUP = "configs/topology/backup.gin"
 PER_REPLICA_BN = "small_resnet.norm_layer = @engine.per_replica_batch_norm"
 
 
-def _flags(config: str, *bindings: str) -> list[str]:
-  return [f"--gin_file={config}",
-          *(f"--gin_bindings={b}" for b in [*helpers.TINY[config], *bindings])]
-
-
 def _launch(workers: int, flags: list[str], workdir) -> list[str]:
-  return ["launch", f"--workers={workers}", "--ps=1", "--timeout=400", "--", "run", *flags,
-          f"--gin_file={BACKUP}", f"--gin_bindings=topology.MultiWorker.workers = {workers}",
-          f"--workdir={workdir}"]
+  return async_ps_test._launch(workers, flags, workdir, topology=BACKUP)
 
 
 def _load(config: str, *bindings: str):

@@ -83,7 +83,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from replibench.engine import aggregation, collectives, topology as topology_lib
+from replibench.engine import aggregation, collectives
 from replibench.engine.ps import serve
 from replibench.engine.ps.regime import AsyncPS
 from replibench.engine.ps.replicator import AsyncReplicator, WorkerGroup
@@ -109,6 +109,7 @@ class BackupPS(AsyncPS):
   """
 
   name = "backup_ps"
+  topology_file = "configs/topology/backup.gin"
 
   def __init__(self, backup_workers: int = 0, stragglers: Stragglers | None = None):
     # Not AsyncPS.__init__ (gin would fill its bindings in): the same fields.
@@ -144,26 +145,9 @@ class BackupPS(AsyncPS):
     super().attach(workers, updates_counter)
 
   def check(self, topology):
-    if not isinstance(topology, topology_lib.MultiWorker):
-      raise UserError(
-          f"{_BINDING} needs Experiment.topology = @topology.MultiWorker() (a chief, workers "
-          f"and parameter servers listed in TF_CONFIG), got {topology.describe()}. For a try "
-          f"on this machine include configs/topology/backup.gin and run `replibench launch "
-          f"--workers 2 --ps 1 -- run ...`.")
-    if topology.replicas_per_worker != 1:
-      raise UserError(
-          f"topology.MultiWorker.replicas_per_worker = {topology.replicas_per_worker}: "
-          f"regimes.BackupPS runs one replica per worker.")
+    super().check(topology)
     if topology.workers:
       self._check_backups(topology.workers, "topology.MultiWorker.workers")
-
-  def check_workload(self, workload):
-    if workload.host_local_input:
-      raise UserError(
-          f"Experiment.workload {type(workload).__name__} ({workload.name}) reads its "
-          f"training input from state in the chief's process (e.g. a replay buffer), which "
-          f"parameter-server workers cannot reach, so {_BINDING} cannot train it; use a "
-          f"synchronous regime.")
 
   def _refuse_several_updates(self, what: str) -> None:
     raise UserError(

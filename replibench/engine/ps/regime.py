@@ -67,6 +67,7 @@ class AsyncPS(Regime):
   """
 
   name = "async_ps"
+  topology_file = "configs/topology/ps.gin"   # Named in the error for a local topology.
 
   def __init__(self, stragglers: Stragglers | None = None):
     if stragglers is not None and not isinstance(stragglers, Stragglers):
@@ -84,16 +85,18 @@ class AsyncPS(Regime):
     self.workers, self._updates = workers, updates_counter
 
   def check(self, topology):
+    binding = f"Experiment.regime = @regimes.{type(self).__name__}()"
     if not isinstance(topology, topology_lib.MultiWorker):
       raise UserError(
-          f"Experiment.regime = @regimes.AsyncPS() needs Experiment.topology = "
-          f"@topology.MultiWorker() (a chief, workers and parameter servers listed in "
-          f"TF_CONFIG), got {topology.describe()}. For a try on this machine include "
-          f"configs/topology/ps.gin and run `replibench launch --workers 2 --ps 1 -- run ...`.")
+          f"{binding} needs Experiment.topology = @topology.MultiWorker() (a chief, "
+          f"workers and parameter servers listed in TF_CONFIG), got {topology.describe()}. "
+          f"For a try on this machine include {self.topology_file} and run `replibench "
+          f"launch --workers 2 --ps 1 -- run ...`.")
     if topology.replicas_per_worker != 1:
       raise UserError(
           f"topology.MultiWorker.replicas_per_worker = {topology.replicas_per_worker}: "
-          f"regimes.AsyncPS runs one replica per worker (one update per worker at a time).")
+          f"regimes.{type(self).__name__} runs one replica per worker (one update per "
+          f"worker at a time).")
 
   def check_workload(self, workload):
     if workload.host_local_input:
@@ -101,7 +104,7 @@ class AsyncPS(Regime):
           f"Experiment.workload {type(workload).__name__} ({workload.name}) reads its "
           f"training input from state in the chief's process (e.g. a replay buffer), which "
           f"parameter-server workers cannot reach, so Experiment.regime = "
-          f"@regimes.AsyncPS() cannot train it; use a synchronous regime.")
+          f"@regimes.{type(self).__name__}() cannot train it; use a synchronous regime.")
 
   def build_optimizer(self, optimizer, variables):
     optimizer.build(variables)
