@@ -16,6 +16,10 @@ the training step's business. Target networks are plain copies refreshed every
 `target_update_period` learner steps by `copy_to_targets` (the D4PG workload
 calls it on the host, between training calls, where assigning a mirrored
 variable sets every replica).
+
+Built under a Keras mixed-precision policy, the networks compute in bfloat16 or
+float16; the losses cast the critic's logits to float32 first, so softmax, the
+categorical projection and the cross-entropy run in float32.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class ScaleToBounds(keras.layers.Layer):
     self.high = np.asarray(high, np.float32)
 
   def call(self, x):
-    return self.low + (x + 1.0) * (0.5 * (self.high - self.low))
+    low, high = (keras.ops.cast(b, x.dtype) for b in (self.low, self.high))
+    return low + (x + 1.0) * (0.5 * (high - low))
 
   def get_config(self):
     return {**super().get_config(), "low": self.low.tolist(), "high": self.high.tolist()}
@@ -261,6 +266,11 @@ def categorical_td_loss(logits, next_logits, rewards, discounts, support):
   return tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=logits)
 
 
+def _float32(logits):
+  """Critic logits in float32 (a mixed-precision critic computes in 16 bits)."""
+  return tf.cast(logits, tf.float32)
+
+
 def _as_tensors(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   """Keras rejects calls mixing numpy arrays and tensors, so convert up front."""
   return {k: tf.convert_to_tensor(v) for k, v in batch.items()}
@@ -276,10 +286,10 @@ def critic_loss(networks: D4PGNetworks, batch: Mapping[str, tf.Tensor]):
   """
   batch = _as_tensors(batch)
   emb = networks.embed(batch["observation"])
-  logits = networks.critic([emb, tf.cast(batch["action"], tf.float32)])
+  logits = _float32(networks.critic([emb, tf.cast(batch["action"], tf.float32)]))
   next_emb = tf.stop_gradient(networks.embed(batch["next_observation"], target=True))
   next_action = networks.target_policy(next_emb)
-  next_logits = tf.stop_gradient(networks.target_critic([next_emb, next_action]))
+  next_logits = tf.stop_gradient(_float32(networks.target_critic([next_emb, next_action])))
   return categorical_td_loss(logits, next_logits, batch["reward"], batch["discount"],
                              networks.support)
 
@@ -291,5 +301,5 @@ def policy_loss(networks: D4PGNetworks, batch: Mapping[str, tf.Tensor]):
   with respect to `networks.policy_variables`: the critic is only a function here.
   """
   emb = tf.stop_gradient(networks.embed(tf.convert_to_tensor(batch["observation"])))
-  logits = networks.critic([emb, networks.policy(emb)])
+  logits = _float32(networks.critic([emb, networks.policy(emb)]))
   return -categorical_mean(logits, networks.support)

@@ -19,6 +19,11 @@ under MultiWorkerMirroredStrategy one collective per layer and forward pass, 40
 per SN-GAN step, which made two worker processes slower than one.)
 In inference (training falsy) the same iteration runs from the stored u but u is
 not written, so both modes compute the same W_SN for the same variables.
+
+Under a mixed-precision policy the power iteration and W / sigma stay float32:
+the kernel is read as stored (autocast=False, unlike other Keras kernels, which
+a mixed layer reads in its compute dtype), and only W_SN is cast to the compute
+dtype for the matmul, convolution or lookup.
 """
 
 import keras
@@ -66,8 +71,12 @@ class SpectralNormMixin:
         initializer=keras.initializers.RandomNormal(stddev=1.0, seed=self._u_seed),
         autocast=False)
 
+  def _add_kernel(self, name, shape, initializer):
+    """The raw kernel W: float32, read as float32 even inside a mixed-precision call."""
+    return self.add_weight(name=name, shape=shape, initializer=initializer, autocast=False)
+
   def _normalized(self, kernel, training):
-    """Returns (kernel / sigma with the kernel's shape, sigma)."""
+    """Returns (kernel / sigma with the kernel's shape, sigma), in the kernel's dtype."""
     w_matrix = ops.reshape(kernel, (-1, kernel.shape[-1]))
     sigma, u_new = power_iteration(w_matrix, ops.convert_to_tensor(self.sn_u))
     if training:
@@ -95,14 +104,14 @@ class SNDense(SpectralNormMixin, keras.layers.Layer):
     self._u_seed = u_seed
 
   def build(self, input_shape):
-    self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units),
-                                  initializer=self.kernel_initializer)
+    self.kernel = self._add_kernel("kernel", (input_shape[-1], self.units),
+                                   self.kernel_initializer)
     self.bias = (self.add_weight(name="bias", shape=(self.units,), initializer="zeros")
                  if self.use_bias else None)
     self._build_spectral_norm(self.kernel)
 
   def call(self, inputs, training=None):
-    kernel, _ = self._normalized(self.kernel, training)
+    kernel = ops.cast(self._normalized(self.kernel, training)[0], self.compute_dtype)
     outputs = ops.matmul(inputs, kernel)
     return outputs + self.bias if self.use_bias else outputs
 
@@ -130,14 +139,13 @@ class SNConv2D(SpectralNormMixin, keras.layers.Layer):
 
   def build(self, input_shape):
     shape = self.kernel_size + (input_shape[-1], self.filters)
-    self.kernel = self.add_weight(name="kernel", shape=shape,
-                                  initializer=self.kernel_initializer)
+    self.kernel = self._add_kernel("kernel", shape, self.kernel_initializer)
     self.bias = (self.add_weight(name="bias", shape=(self.filters,), initializer="zeros")
                  if self.use_bias else None)
     self._build_spectral_norm(self.kernel)
 
   def call(self, inputs, training=None):
-    kernel, _ = self._normalized(self.kernel, training)
+    kernel = ops.cast(self._normalized(self.kernel, training)[0], self.compute_dtype)
     outputs = ops.conv(inputs, kernel, strides=self.strides, padding=self.padding)
     return outputs + self.bias if self.use_bias else outputs
 
@@ -167,12 +175,12 @@ class SNEmbedding(SpectralNormMixin, keras.layers.Layer):
     self._u_seed = u_seed
 
   def build(self, input_shape=None):
-    self.kernel = self.add_weight(name="embeddings", shape=(self.input_dim, self.output_dim),
-                                  initializer=self.embeddings_initializer)
+    self.kernel = self._add_kernel("embeddings", (self.input_dim, self.output_dim),
+                                   self.embeddings_initializer)
     self._build_spectral_norm(self.kernel)
 
   def call(self, ids, training=None):
-    table, _ = self._normalized(self.kernel, training)
+    table = ops.cast(self._normalized(self.kernel, training)[0], self.compute_dtype)
     return ops.take(table, ops.cast(ids, "int32"), axis=0)
 
   def compute_output_shape(self, input_shape):

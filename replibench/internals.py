@@ -30,7 +30,14 @@ CHECKED_WITH = {"keras": "3.15.1", "tensorflow": "2.21.0", "gin-config": "0.5.0"
 
 def skip_optimizer_gradient_reduction(optimizer) -> None:
   """Makes a Keras 3 TF optimizer apply gradients as given, without its own
-  cross-replica sum (`_all_reduce_sum_gradients`, which runs after clipping)."""
+  cross-replica sum (`_all_reduce_sum_gradients`, which runs after clipping).
+
+  A LossScaleOptimizer (mixed float16) applies through its public
+  `inner_optimizer`, whose sum is switched off too.
+  """
+  inner = getattr(optimizer, "inner_optimizer", None)
+  if inner is not None:
+    skip_optimizer_gradient_reduction(inner)
   if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
     raise TypeError(
         f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: not a Keras 3 "

@@ -51,6 +51,20 @@ def collect_garbage_while_it_is_fresh():
   gc.collect()
 
 
+def pytest_collection_modifyitems(config, items):
+  """Skips tests marked gpu, saying why, when TensorFlow sees no GPU (CI has none)."""
+  del config
+  gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+  if not gpu_tests:
+    return
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  if tf.config.list_physical_devices("GPU"):
+    return
+  skip = pytest.mark.skip(reason="needs a GPU (marker 'gpu'); TensorFlow sees none here")
+  for item in gpu_tests:
+    item.add_marker(skip)
+
+
 def pytest_sessionfinish(session, exitstatus):
   session.config.replibench_exitstatus = int(exitstatus)
 

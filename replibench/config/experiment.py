@@ -9,6 +9,7 @@ from replibench.engine import Topology
 from replibench.engine.regimes import Regime, Sync
 from replibench.engine.replicator import per_replica_batch_size
 from replibench.errors import UserError
+from replibench.workloads import precision as precision_lib
 from replibench.workloads.base import TrainSpec, Workload
 
 
@@ -33,6 +34,9 @@ class Experiment:
   checkpoint_every_epochs: float = 1.0
   log_every_steps: int = 100
   regime: Regime = dataclasses.field(default_factory=Sync)   # How replicas combine updates.
+  # Keras mixed-precision policy: 'float32' | 'mixed_bfloat16' | 'mixed_float16'
+  # (replibench/workloads/precision.py: what stays float32, loss scaling).
+  precision: str = "float32"
 
   def __post_init__(self):
     """The one validation of a config, shared by `replibench plan` and `run`."""
@@ -45,6 +49,7 @@ class Experiment:
                       f"{self.topology.describe()}: {e}") from None
     self.regime.check(self.topology)
     self.regime.check_workload(self.workload)
+    self._check_precision()
 
   def check_models(self) -> None:
     """Builds the workload's models once (UserError if a model binding does not build).
@@ -72,12 +77,27 @@ class Experiment:
           f"{type(self.workload).__name__} lies in [{low}, {high}], so this target could "
           f"never (or always) be met; choose a finite value in that range.")
 
+  def _check_precision(self):
+    if self.precision not in precision_lib.PRECISIONS:
+      raise UserError(
+          f"Experiment.precision = {self.precision!r}: not a precision replibench knows; "
+          f"choose one of {', '.join(repr(p) for p in precision_lib.PRECISIONS)} (a Keras "
+          f"mixed-precision policy: variables stay float32, layers compute in the named dtype).")
+    # Exactly Sync: the regimes that apply per-replica gradients cannot agree on a skip.
+    if self.precision == precision_lib.FLOAT16 and type(self.regime) is not Sync:  # noqa: E721
+      raise UserError(
+          f"Experiment.precision = 'mixed_float16' with Experiment.regime = "
+          f"{self.regime.setting()}: float16 needs dynamic loss scaling, which skips a step "
+          f"when the gradients overflow, and replicas only agree on skipping when they check "
+          f"the same all-reduced gradients, as regimes.Sync does. Use regimes.Sync() with "
+          f"float16, or 'mixed_bfloat16' (no loss scaling) with this regime.")
+
   def _check_types(self):
     expected = {"workload": Workload, "topology": Topology, "global_batch_size": int,
                 "target": (int, float), "train_epochs": (int, float), "seed": int,
                 "eval_every_epochs": (int, float), "steps_per_call": int,
                 "checkpoint_every_epochs": (int, float), "log_every_steps": int,
-                "regime": Regime}
+                "regime": Regime, "precision": str}
     for name, kind in expected.items():
       value = getattr(self, name)
       if not isinstance(value, kind) or isinstance(value, bool):
@@ -109,4 +129,5 @@ class Experiment:
     return TrainSpec(global_batch_size=self.global_batch_size,
                      num_replicas=num_replicas or self.topology.num_replicas,
                      seed=self.seed, steps_per_epoch=self.steps_per_epoch,
-                     total_steps=self.total_steps, regime=self.regime)
+                     total_steps=self.total_steps, regime=self.regime,
+                     precision=self.precision)

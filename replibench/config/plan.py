@@ -3,13 +3,16 @@
 Workloads describe themselves (Workload.describe): parameters, FLOPs, and the
 sizes of the tensors a step communicates (gradient_tensors: every optimizer
 step's gradients; state_tensors: parameters and optimizer slots), to which the
-regime applies its byte formula.
+regime applies its byte formula. The precision line says what computes in
+which dtype; gradients are all-reduced in float32 under every precision (no
+compute-dtype all-reduce), so the bytes per step are float32's.
 """
 
 import tensorflow as tf
 
 from replibench.config.experiment import Experiment
 from replibench.engine import communication
+from replibench.workloads import precision as precision_lib
 
 
 def make_plan(experiment: Experiment) -> dict:
@@ -31,6 +34,7 @@ def make_plan(experiment: Experiment) -> dict:
       "forward_flops_per_example": facts.get("forward_flops_per_example"),
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
+      "precision": precision_lib.describe(experiment.precision),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own
       # formula, applied to the tensors it exchanges).
@@ -89,6 +93,11 @@ def format_plan(plan: dict) -> str:
 
 
 def _format(key: str, value) -> str:
+  if key == "precision" and isinstance(value, dict):
+    return (f"{value['policy']}: compute {value['compute_dtype']}, variables and optimizer "
+            f"state {value['variable_dtype']}, gradients all-reduced in "
+            f"{value['gradient_allreduce_dtype']} (the bytes per step below), loss scaling "
+            f"{value['loss_scaling']}")
   if key == "communication" and isinstance(value, dict):
     kinds = ", ".join(f"{k} {v['count']:g} x {_human('bytes', v['bytes'])}"
                       for k, v in value["by_kind"].items())

@@ -58,6 +58,8 @@ internals.replace_batch_norm_moments(CrossReplicaBatchNorm, _global_moments)
 class PerReplicaBatchNorm(keras.layers.BatchNormalization):
   """keras BatchNormalization on each replica's own batch, with no collective in training.
 
+  Statistics and normalization are computed in float32 under a mixed-precision
+  policy, the output cast to the compute dtype (as Keras' own batch norm does).
   The moving mean and variance are on-read replicated variables (each replica
   updates its own copy; a read outside a replica, as a checkpoint does, gives
   the replica mean). Inference inside a replicated step uses that mean too,
@@ -82,12 +84,13 @@ class PerReplicaBatchNorm(keras.layers.BatchNormalization):
     shape = [1] * len(inputs.shape)
     axis = self.axis if isinstance(self.axis, int) else self.axis[0]
     shape[axis] = inputs.shape[axis]
-    reshape = lambda t: tf.cast(tf.reshape(t, shape), inputs.dtype)  # noqa: E731
+    # In float32 like Keras' own batch norm, whatever the compute dtype (mixed precision).
+    reshape = lambda t: tf.cast(tf.reshape(t, shape), tf.float32)  # noqa: E731
     outputs = tf.nn.batch_normalization(
-        inputs, reshape(stats[0]), reshape(stats[1]),
+        tf.cast(inputs, tf.float32), reshape(stats[0]), reshape(stats[1]),
         reshape(self.beta) if self.center else None,
         reshape(self.gamma) if self.scale else None, self.epsilon)
-    return outputs
+    return tf.cast(outputs, self.compute_dtype)
 
 
 # gin's class decorator hides __init__'s signature from Keras's Layer.__new__,

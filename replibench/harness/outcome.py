@@ -83,10 +83,12 @@ def hparams(run) -> dict:
   """What TensorBoard's HParams view and the suite group runs by."""
   exp = run.experiment
   network = {"network": netns.rate()} if netns.inside() else {}   # A launched cluster's link.
+  # Named only when not float32, so float32 runs group with those recorded before the knob.
+  precision = {"precision": exp.precision} if exp.precision != "float32" else {}
   return {"topology": exp.topology.describe(), "scaling_kind": exp.topology.kind,
           "num_replicas": run.replicator.num_replicas,
           "global_batch_size": exp.global_batch_size, "seed": exp.seed,
-          "regime_setting": exp.regime.setting(), **network,
+          "regime_setting": exp.regime.setting(), **network, **precision,
           **exp.regime.hparams(), **run.workload.hparams()}
 
 

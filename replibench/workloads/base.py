@@ -16,6 +16,9 @@ class TrainSpec:
   regime: how replicas turn gradients into updates. The workload builds its
   optimizers with `regime.build_optimizer` and applies gradients with
   `regime.apply_gradients` (or `apply_gradients_jointly`), never by itself.
+  precision: a Keras dtype policy name (workloads/precision.py): the workload
+  builds its models under `precision.policy_scope`, wraps its optimizers with
+  `precision.wrap_optimizer` and differentiates `precision.scaled(optimizer, loss)`.
   """
 
   global_batch_size: int
@@ -24,6 +27,7 @@ class TrainSpec:
   steps_per_epoch: float    # Training steps per pass over the training set.
   total_steps: int          # The budget: the run stops here if the target is not met.
   regime: Regime            # The replicator's own (its step metrics are read from it).
+  precision: str = "float32"   # 'float32' | 'mixed_bfloat16' | 'mixed_float16'.
 
 
 class Workload(abc.ABC):

@@ -4,7 +4,9 @@ The researcher's view: `step_fn` is a one-device training step (cross-entropy
 with label smoothing, L2 weight decay, SGD with momentum); the engine's
 `average_loss` and `apply_gradients` make it correct on any number of replicas.
 The learning rate follows Goyal et al.: base_lr per 256 examples, scaled
-linearly with the global batch, with linear warmup and cosine decay.
+linearly with the global batch, with linear warmup and cosine decay. Under a
+mixed precision (TrainSpec.precision) the model computes in bfloat16/float16
+and its logits are cast to float32 before the loss (workloads/precision.py).
 """
 
 from typing import Callable
@@ -16,6 +18,7 @@ import tensorflow as tf
 from replibench import engine
 from replibench.engine import cost
 from replibench.errors import UserError
+from replibench.workloads import precision
 from replibench.workloads.base import TrainSpec, Workload
 from models.resnet import decayed_weights
 
@@ -57,7 +60,8 @@ class ImageClassification(Workload):
   def check_config(self, spec: TrainSpec) -> None:
     name = getattr(self.model_fn, "__name__", "?")
     try:
-      model = self.model_fn(num_classes=self.data.num_classes)
+      with precision.policy_scope(spec.precision):
+        model = self.model_fn(num_classes=self.data.num_classes)
     except (ValueError, TypeError) as e:
       raise UserError(f"ImageClassification.model ({name}) does not build with these "
                       f"bindings: {' '.join(str(e).split())}") from None
@@ -70,9 +74,10 @@ class ImageClassification(Workload):
   def build(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
-    self.model = self.model_fn(num_classes=self.data.num_classes)
+    with precision.policy_scope(spec.precision):
+      self.model = self.model_fn(num_classes=self.data.num_classes)
     self.schedule = self._schedule(spec)
-    self.optimizer = self._optimizer(self.schedule)
+    self.optimizer = precision.wrap_optimizer(self._optimizer(self.schedule), spec.precision)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
     spec.regime.build_optimizer(self.optimizer, self.model.trainable_variables)
 
@@ -87,7 +92,7 @@ class ImageClassification(Workload):
     images, labels = batch
     variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
-      logits = self.model(images, training=True)
+      logits = precision.to_float32(self.model(images, training=True))
       targets = tf.one_hot(labels, self.data.num_classes)
       per_example = keras.losses.categorical_crossentropy(
           targets, logits, from_logits=True, label_smoothing=self.label_smoothing)
@@ -95,14 +100,15 @@ class ImageClassification(Workload):
       # Each replica adds 1/N of the L2 term, so the summed gradient has it once.
       l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
       loss += self.weight_decay * l2 / engine.num_replicas()
-    self.spec.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
+      scaled = precision.scaled(self.optimizer, loss)   # loss itself unless float16
+    self.spec.regime.apply_gradients(self.optimizer, tape.gradient(scaled, variables), variables)
     # `loss` is this replica's share (1/N of its local mean): times N it is the local
     # mean, and the engine averages outputs over replicas (no collective of its own).
     return {"loss": loss * engine.num_replicas()}
 
   def _eval_step(self, batch):
     images, labels = batch
-    logits = self.model(images, training=False)
+    logits = precision.to_float32(self.model(images, training=False))
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                              labels), tf.float32))
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)

@@ -40,6 +40,7 @@ from replibench.rl import envs
 from replibench.rl import evaluation
 from replibench.rl import replay as replay_lib
 from replibench.rl.feeder import ReplayFeeder
+from replibench.workloads import precision
 from replibench.workloads.base import TrainSpec, Workload
 
 
@@ -120,7 +121,8 @@ class D4PG(Workload):
 
   def check_config(self, spec: TrainSpec) -> None:
     try:
-      self._make_networks()
+      with precision.policy_scope(spec.precision):
+        self._make_networks()
     except (ValueError, TypeError) as e:
       raise UserError(f"D4PG: the networks do not build with these bindings: "
                       f"{' '.join(str(e).split())}") from None
@@ -130,11 +132,17 @@ class D4PG(Workload):
     the actors. Tests drive step_fn on fixed data after this."""
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
-    self.networks = self._make_networks()
+    with precision.policy_scope(spec.precision):
+      self.networks = self._make_networks()
     hp = self.networks.hparams
-    # global_clipnorm acts on the full gradient: the engine reduces before applying.
-    self.critic_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
-    self.policy_optimizer = keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm)
+    # global_clipnorm acts on the full gradient: the engine reduces before applying
+    # (and, under float16, the loss-scale optimizer unscales before the inner Adam clips).
+
+    def adam():
+      return precision.wrap_optimizer(
+          keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm), spec.precision)
+
+    self.critic_optimizer, self.policy_optimizer = adam(), adam()
     spec.regime.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
     spec.regime.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
 
@@ -196,9 +204,12 @@ class D4PG(Workload):
       critic_per_example = d4pg.critic_loss(nets, batch)
       critic = engine.average_loss(batch["weight"] * critic_per_example, global_batch)
       policy = engine.average_loss(d4pg.policy_loss(nets, batch), global_batch)
+      # Each loss times its optimizer's loss scale under float16 (else itself).
+      scaled_critic = precision.scaled(self.critic_optimizer, critic)
+      scaled_policy = precision.scaled(self.policy_optimizer, policy)
     critic_vars, policy_vars = nets.critic_variables, nets.policy_variables
-    critic_grads = tape.gradient(critic, critic_vars)
-    policy_grads = tape.gradient(policy, policy_vars)
+    critic_grads = tape.gradient(scaled_critic, critic_vars)
+    policy_grads = tape.gradient(scaled_policy, policy_vars)
     del tape
     self.spec.regime.apply_gradients_jointly([(self.critic_optimizer, critic_grads, critic_vars),
                                     (self.policy_optimizer, policy_grads, policy_vars)])

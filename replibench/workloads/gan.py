@@ -17,6 +17,11 @@ once: real and fake go through one call per discriminator update (one power
 iteration per update, both halves normalised by the same sigma), and the
 generator update makes one more call.
 
+Under a mixed precision (TrainSpec.precision) G and D compute in bfloat16 or
+float16; generated images and D's logits are cast to float32 (so the hinge
+losses, the concatenation with real images and the scorer see float32), and
+spectral norm runs its power iteration in float32 (models/spectral_norm.py).
+
 Evaluation scores a fixed set of generated samples (fixed z, labels balanced
 over the classes) with a scorer (Fashion-MNIST classifier or Inception
 features, replibench.eval.scorers): FID (the target, lower is better),
@@ -38,6 +43,7 @@ from replibench import engine
 from replibench.engine import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
+from replibench.workloads import precision
 from replibench.workloads.base import TrainSpec, Workload
 
 GRID_CLASSES = 10   # Rows of the per-class sample grid (classes evenly spaced).
@@ -86,24 +92,26 @@ class ConditionalGAN(Workload):
     # n_dis times as many real images (n_dis passes over the data).
     return self.data.train_examples()
 
-  def _make_models(self):
+  def _make_models(self, spec: TrainSpec | None = None):
     num_classes = self.data.num_classes
-    generator = self.generator_fn(num_classes=num_classes, z_dim=self.z_dim)
-    discriminator = self.discriminator_fn(num_classes=num_classes)
+    with precision.policy_scope(spec.precision if spec else precision.FLOAT32):
+      generator = self.generator_fn(num_classes=num_classes, z_dim=self.z_dim)
+      discriminator = self.discriminator_fn(num_classes=num_classes)
+      build_models(generator, discriminator)
     if tuple(generator.image_shape) != tuple(self.data.image_shape):
       raise UserError(f"The generator makes {generator.image_shape} images but the data "
                       f"source gives {tuple(self.data.image_shape)}; fix the sngan_generator "
                       f"bindings (widths, bottom_width, out_channels).")
-    build_models(generator, discriminator)
     return generator, discriminator
 
-  def _adam(self, name):
-    return keras.optimizers.Adam(self.lr, beta_1=self.beta_1, beta_2=self.beta_2,
+  def _adam(self, name, spec: TrainSpec | None = None):
+    adam = keras.optimizers.Adam(self.lr, beta_1=self.beta_1, beta_2=self.beta_2,
                                  epsilon=self.epsilon, name=name)
+    return precision.wrap_optimizer(adam, spec.precision) if spec else adam
 
   def check_config(self, spec: TrainSpec) -> None:
     try:
-      self._make_models()
+      self._make_models(spec)
     except (ValueError, TypeError) as e:
       raise UserError(f"ConditionalGAN: the generator or discriminator does not build with "
                       f"these bindings: {' '.join(str(e).split())}") from None
@@ -111,8 +119,8 @@ class ConditionalGAN(Workload):
   def build_learner(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
-    self.generator, self.discriminator = self._make_models()
-    self.g_optimizer, self.d_optimizer = self._adam("g_adam"), self._adam("d_adam")
+    self.generator, self.discriminator = self._make_models(spec)
+    self.g_optimizer, self.d_optimizer = self._adam("g_adam", spec), self._adam("d_adam", spec)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
     spec.regime.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
     spec.regime.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
@@ -140,8 +148,9 @@ class ConditionalGAN(Workload):
     self._grid_labels = np.repeat(classes, self.grid_samples_per_class)
     self._grid_z = rng.standard_normal((len(self._grid_labels), self.z_dim)).astype(np.float32)
     self._grid_rows = len(classes)
-    self._sample = tf.function(lambda z, y: self.generator(z, y, training=False),
-                               reduce_retracing=True)
+    self._sample = tf.function(
+        lambda z, y: precision.to_float32(self.generator(z, y, training=False)),
+        reduce_retracing=True)
 
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     """Per replica: (images [n_dis, b, H, W, C] in [-1, 1], labels int32 [n_dis, b]).
@@ -183,26 +192,30 @@ class ConditionalGAN(Workload):
   def _discriminator_update(self, real, real_labels, step, update):
     b = real.shape[0]
     z, fake_labels = self._noise(step, update, b)
-    fake = self.generator(z, fake_labels, training=True)
+    fake = precision.to_float32(self.generator(z, fake_labels, training=True))
     variables = self.discriminator.trainable_variables
     with tf.GradientTape() as tape:
-      logits = self.discriminator(tf.concat([real, fake], 0),
-                                  tf.concat([real_labels, fake_labels], 0), training=True)
+      logits = precision.to_float32(self.discriminator(
+          tf.concat([real, fake], 0), tf.concat([real_labels, fake_labels], 0), training=True))
       # Hinge loss: mean(relu(1 - D(x))) + mean(relu(1 + D(G(z)))) over the global batch.
       loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
                                  self.spec.global_batch_size)
-    self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(loss, variables), variables)
+      scaled = precision.scaled(self.d_optimizer, loss)
+    self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(scaled, variables),
+                                     variables)
     return loss
 
   def _generator_update(self, step, b):
     z, labels = self._noise(step, self.n_dis, b)
     variables = self.generator.trainable_variables
     with tf.GradientTape() as tape:
-      logits = self.discriminator(self.generator(z, labels, training=True), labels,
-                                  training=True)
+      logits = precision.to_float32(self.discriminator(
+          self.generator(z, labels, training=True), labels, training=True))
       # Generator hinge loss: -mean(D(G(z))) over the global batch.
       loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
-    self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(loss, variables), variables)
+      scaled = precision.scaled(self.g_optimizer, loss)
+    self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(scaled, variables),
+                                     variables)
     return loss
 
   def step_fn(self, batch) -> dict:
