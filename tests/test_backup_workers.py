@@ -11,7 +11,7 @@ import tensorflow as tf
 from replibench import engine
 from replibench.config import load_experiment
 from replibench.engine import ps
-from replibench.engine.ps import stragglers as stragglers_lib
+from replibench.engine import stragglers as stragglers_lib
 from replibench.errors import UserError
 from tests import helpers
 from tests import test_async_ps as async_ps_test

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from replibench.engine import regimes
+from replibench.engine.stragglers import Stragglers
 from replibench.errors import UserError
 from tests.regime_runs import (LOOSE_CLIP, Run, assert_replicas_equal, assert_same_training)
 
@@ -86,3 +87,23 @@ def test_swarm_settings_name_their_parts():
 def test_compositions_that_cannot_work_are_user_errors(make):
   with pytest.raises(UserError, match="regimes\\.(LocalSGD|Gossip)"):
     make()
+
+
+def test_stragglers_slow_replicas_without_changing_the_math():
+  """regimes.LocalSGD.stragglers: a slowed replica sleeps before it applies its step
+  (engine/stragglers.py), so it reaches its pair exchange late; what it computes is
+  unchanged: 3 steps of SwarmSGD with replica 1 slowed on every step match 3 steps
+  without, bit for bit, and the setting names the slowdown."""
+  slow = Stragglers(fraction=1.0, delay_ms=1.0, workers=(1,))
+  slowed = regimes.LocalSGD(sync_every=2, stragglers=slow, average=regimes.Gossip(
+      graph=regimes.RandomMatching(seed=3)))
+  runs = [Run(slowed, 4), Run(swarm(2, regimes.RandomMatching(seed=3)), 4)]
+  for run in runs:
+    for _ in range(3):
+      run.train()
+  for v, ref in zip(runs[0].variables(), runs[1].variables()):
+    np.testing.assert_array_equal(runs[0].copies(v), runs[1].copies(ref), err_msg=v.path)
+  assert slowed.setting().endswith(", stragglers=1x1ms@1)")
+  assert slowed.hparams()["straggler_workers"] == "1"
+  with pytest.raises(UserError, match="regimes.LocalSGD.stragglers must be"):
+    regimes.LocalSGD(stragglers="slow")

@@ -13,7 +13,7 @@ from replibench.engine.ps.backup import BackupPS, BackupReplicator, BackupStep
 from replibench.engine.ps.regime import AsyncPS
 from replibench.engine.ps.replicator import AsyncReplicator, AsyncStep, WorkerGroup
 from replibench.engine.ps.serve import is_server_task, serve
-from replibench.engine.ps.stragglers import Stragglers
+from replibench.engine.stragglers import Stragglers
 
 __all__ = ["AsyncPS", "AsyncReplicator", "AsyncStep", "BackupPS", "BackupReplicator",
            "BackupStep", "Stragglers", "WorkerGroup", "is_server_task", "serve"]

@@ -87,7 +87,7 @@ from replibench.engine import aggregation, collectives
 from replibench.engine.ps import serve
 from replibench.engine.ps.regime import AsyncPS
 from replibench.engine.ps.replicator import AsyncReplicator, WorkerGroup
-from replibench.engine.ps.stragglers import Stragglers
+from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import tensor_sizes
 from replibench.engine.replicator import InputContext, per_replica_batch_size
 from replibench.errors import UserError

@@ -22,7 +22,7 @@ chosen so that sync and async numbers compare:
   * Staleness ('regime/staleness', mean per call): replica steps of other
     workers that completed between a step's start (its read of the variables)
     and its own update, counted on one atomic counter on the ps.
-  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, ps/stragglers.py):
+  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, engine/stragglers.py):
     a slowed update sleeps between computing its gradients and pushing them (the
     first apply_gradients of its step), so its update lands later and staler, as
     a slow worker's would. Update u of the draw is the update counter read at the
@@ -38,7 +38,7 @@ import tensorflow as tf
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
 from replibench.engine.ps import locked_updates
-from replibench.engine.ps.stragglers import Stragglers
+from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
 from replibench.errors import UserError
 

@@ -22,6 +22,7 @@ from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.gossip import Gossip
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
+from replibench.engine.stragglers import Stragglers
 from replibench.errors import UserError
 
 
@@ -32,12 +33,14 @@ class LocalSGD(Regime):
   average: None, the mean of all replicas in one all-reduce; or a
   @regimes.Gossip(), whose graph (and compression) mixes the copies instead:
   with @regimes.RandomMatching() and Compressed bits, SwarmSGD.
+  stragglers: None, or @regimes.Stragglers(): slowed replica steps (engine/stragglers.py).
   """
 
   name = "local_sgd"
   exchanges = STATE
 
-  def __init__(self, sync_every: int = 8, average: Gossip | None = None):
+  def __init__(self, sync_every: int = 8, average: Gossip | None = None,
+               stragglers: Stragglers | None = None):
     if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
       raise UserError(
           f"regimes.LocalSGD.sync_every must be a positive integer (optimizer steps between "
@@ -48,10 +51,19 @@ class LocalSGD(Regime):
           f"@regimes.Gossip() (its graph and compression mix the copies), got {average!r}.")
     if average is not None:
       average.check_every(sync_every, "regimes.LocalSGD.average")
-    self.sync_every, self.average = sync_every, average
+    if stragglers is not None and not isinstance(stragglers, Stragglers):
+      raise UserError(f"regimes.LocalSGD.stragglers must be None or @regimes.Stragglers(), "
+                      f"got {stragglers!r}.")
+    self.sync_every, self.average, self.stragglers = sync_every, average, stragglers
     self._metrics = StepMetrics()
 
+  def check(self, topology):
+    if self.stragglers is not None:
+      self.stragglers.check_workers(topology.num_replicas)
+
   def apply_gradients(self, optimizer, grads, variables):
+    if self.stragglers is not None:   # A slowed replica applies (and exchanges) late.
+      grads = self.stragglers.delay(collectives.replica_id(), optimizer.iterations, grads)
     replica_state.apply_local(optimizer, grads, variables)
     params = [v for g, v in zip(grads, variables) if g is not None]
     state = params + replica_state.optimizer_slots(optimizer)
@@ -80,10 +92,12 @@ class LocalSGD(Regime):
 
   def setting(self):
     average = "" if self.average is None else f", average={self.average.setting()}"
-    return f"{self.name}(sync_every={self.sync_every}{average})"
+    stragglers = f", {self.stragglers.setting()}" if self.stragglers else ""
+    return f"{self.name}(sync_every={self.sync_every}{average}{stragglers})"
 
   def hparams(self):
     mixing = {} if self.average is None else {
         k: v for k, v in self.average.hparams().items() if k != "regime"}
     return {"regime": self.name, "sync_every": self.sync_every,
-            "average": "all_reduce" if self.average is None else "gossip", **mixing}
+            "average": "all_reduce" if self.average is None else "gossip", **mixing,
+            **(self.stragglers.hparams() if self.stragglers else {})}

@@ -1,4 +1,5 @@
-"""regimes.Stragglers: injected worker slowdowns for parameter-server regimes.
+"""regimes.Stragglers: injected worker slowdowns, for the parameter-server regimes and
+for local SGD (SwarmSGD) on lockstep replicas.
 
 A straggler is a worker update that takes longer than the others (a busy or
 slower machine, a long garbage collection, a noisy neighbour). On one machine
@@ -18,9 +19,14 @@ varies by more than the effect measured. For "a fraction f of updates k times
 slower", set delay_ms to (k - 1) times the measured update time (the sweep
 headers state it).
 
-Bound on a regime: `regimes.AsyncPS.stragglers = @regimes.Stragglers()` or
-`regimes.BackupPS.stragglers = @regimes.Stragglers()`, so both compare under
-the same slowdowns (see those regimes for where in an update the sleep sits).
+Bound on a regime: `regimes.AsyncPS.stragglers = @regimes.Stragglers()`,
+`regimes.BackupPS.stragglers = ...` or `regimes.LocalSGD.stragglers = ...`, so
+they compare under the same slowdowns (see those regimes for where in an update
+the sleep sits). Under LocalSGD the worker is the replica (one per worker
+process) and update u its optimizer step: the sleep sits between computing the
+gradients and applying them, so a slowed replica reaches the next collective
+(its pair exchange, or the per-call reduction of the outputs) late, and the
+others wait there: what a lockstep SwarmSGD pays for a straggler.
 """
 
 import gin
