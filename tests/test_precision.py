@@ -225,11 +225,11 @@ def test_mixed_precision_trains_on_a_gpu(policy):
 
 
 def test_sngan_step_in_float16_scales_both_losses_and_keeps_spectral_norm_float32():
-  from tests import test_gan_workload  # pylint: disable=import-outside-toplevel
-  from replibench.workloads.base import TrainSpec  # pylint: disable=import-outside-toplevel
   """One replica (tests above cover skipping on several): each of the N_DIS
   discriminator updates and the generator update per step is applied or skipped
   with its optimizer's scale halved (this tiny GAN overflows 2^15 at first)."""
+  from tests import test_gan_workload  # pylint: disable=import-outside-toplevel
+  from replibench.workloads.base import TrainSpec  # pylint: disable=import-outside-toplevel
   replicator = engine.Replicator(engine.Local(num_replicas=1, device="cpu"))
   workload = test_gan_workload._workload()   # pylint: disable=protected-access
   spec = TrainSpec(8, 1, 3, 100.0, 4, replicator.regime, "mixed_float16")

@@ -233,16 +233,25 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   # batch's augmentation seed, so resuming is exact.
   ds = ds.skip(skip_batches)
 
-  def make_batch(idx, step):
-    idx = idx[pipe::n_pipes]
+  make_batch = _batch_maker(images, labels, seed, augment, crop_padding, flip)
+  ds = ds.map(lambda idx, step: make_batch(idx[pipe::n_pipes], step, pipe),
+              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _batch_maker(images, labels, seed: int, augment: bool, crop_padding: int, flip: bool):
+  """make_batch(idx int [b], step int64, stream) -> (images float32 [b,28,28,1], labels
+  int32 [b]): the examples at idx, augmented with a seed of (seed, stream, step), so
+  each pipeline (or replica) stream and batch has its own, and a resume repeats it."""
+
+  def make_batch(idx, step, stream):
     x, y = tf.gather(images, idx), tf.gather(labels, idx)
     if augment:
-      x = augment_batch(x, tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + pipe, step]),
+      x = augment_batch(x, tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + stream, step]),
                         crop_padding=crop_padding, flip=flip)
     return normalize(x), y
 
-  ds = ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds.prefetch(tf.data.AUTOTUNE)
+  return make_batch
 
 
 def partitioned_dataset(ctx, *, scheme: str, alpha: float, seed: int, augment: bool = True,
@@ -258,12 +267,6 @@ def partitioned_dataset(ctx, *, scheme: str, alpha: float, seed: int, augment: b
   ds = partition.pipeline_streams(labels_np, ctx, scheme, alpha, seed,
                                   skip_batches=ctx.start_step)
 
-  def make_batch(idx, step, replica):
-    x, y = tf.gather(images, idx), tf.gather(labels, idx)
-    if augment:
-      x = augment_batch(x, tf.stack([tf.constant(seed, tf.int64) * 1_000_003 + replica, step]),
-                        crop_padding=crop_padding, flip=flip)
-    return normalize(x), y
-
-  ds = ds.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.map(_batch_maker(images, labels, seed, augment, crop_padding, flip),
+              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.prefetch(tf.data.AUTOTUNE)

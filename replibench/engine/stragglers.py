@@ -68,6 +68,14 @@ def sleep_after(microseconds, tensors):
     return tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), tensors)
 
 
+def checked(stragglers, binding: str):
+  """stragglers if it is None or a Stragglers; else a UserError naming binding
+  (e.g. 'regimes.LocalSGD.stragglers')."""
+  if stragglers is not None and not isinstance(stragglers, Stragglers):
+    raise UserError(f"{binding} must be None or @regimes.Stragglers(), got {stragglers!r}.")
+  return stragglers
+
+
 @gin.configurable(module="regimes")
 class Stragglers:
   """Each worker update slowed by delay_ms with probability fraction (see module doc).

@@ -87,6 +87,7 @@ from replibench.engine import aggregation, collectives
 from replibench.engine.ps import serve
 from replibench.engine.ps.regime import AsyncPS
 from replibench.engine.ps.replicator import AsyncReplicator, WorkerGroup
+from replibench.engine import stragglers as stragglers_lib
 from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import tensor_sizes
 from replibench.engine.replicator import InputContext, per_replica_batch_size
@@ -118,9 +119,7 @@ class BackupPS(AsyncPS):
       raise UserError(f"regimes.BackupPS.backup_workers must be an integer >= 0 (the "
                       f"stragglers each step drops; 0 is synchronous training), got "
                       f"{backup_workers!r}.")
-    if stragglers is not None and not isinstance(stragglers, Stragglers):
-      raise UserError(f"regimes.BackupPS.stragglers must be None or @regimes.Stragglers(), "
-                      f"got {stragglers!r}.")
+    stragglers = stragglers_lib.checked(stragglers, "regimes.BackupPS.stragglers")
     self.backup_workers, self.stragglers = backup_workers, stragglers
     self.workers = 1              # N, set by the replicator from TF_CONFIG.
     self._updates = None

@@ -38,6 +38,7 @@ import tensorflow as tf
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
 from replibench.engine.ps import locked_updates
+from replibench.engine import stragglers as stragglers_lib
 from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
 from replibench.errors import UserError
@@ -70,9 +71,7 @@ class AsyncPS(Regime):
   topology_file = "configs/topology/ps.gin"   # Named in the error for a local topology.
 
   def __init__(self, stragglers: Stragglers | None = None):
-    if stragglers is not None and not isinstance(stragglers, Stragglers):
-      raise UserError(f"regimes.AsyncPS.stragglers must be None or @regimes.Stragglers(), "
-                      f"got {stragglers!r}.")
+    stragglers = stragglers_lib.checked(stragglers, "regimes.AsyncPS.stragglers")
     self.stragglers = stragglers
     self.workers = 1              # W, set by the replicator from TF_CONFIG.
     self._updates = None          # Replica steps completed over all workers (on a ps).

@@ -22,6 +22,7 @@ from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.gossip import Gossip
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
+from replibench.engine import stragglers as stragglers_lib
 from replibench.engine.stragglers import Stragglers
 from replibench.errors import UserError
 
@@ -51,9 +52,7 @@ class LocalSGD(Regime):
           f"@regimes.Gossip() (its graph and compression mix the copies), got {average!r}.")
     if average is not None:
       average.check_every(sync_every, "regimes.LocalSGD.average")
-    if stragglers is not None and not isinstance(stragglers, Stragglers):
-      raise UserError(f"regimes.LocalSGD.stragglers must be None or @regimes.Stragglers(), "
-                      f"got {stragglers!r}.")
+    stragglers = stragglers_lib.checked(stragglers, "regimes.LocalSGD.stragglers")
     self.sync_every, self.average, self.stragglers = sync_every, average, stragglers
     self._metrics = StepMetrics()
 
