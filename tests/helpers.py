@@ -121,12 +121,13 @@ def event_tags(workdir) -> dict:
   return out
 
 
-def replicated_calls(n: int, fn, values, calls: int = 1) -> list:
-  """fn(x) on n logical CPU replicas (topology Local), replica i's x = values[i], run
-  `calls` times by one traced function: [per call: [per replica: numpy result]]."""
+def replicated_calls(n: int, fn, values, calls: int = 1, device: str = "cpu") -> list:
+  """fn(x) on n replicas of `device` (topology Local; logical CPUs by default), replica
+  i's x = values[i], run `calls` times by one traced function: [per call: [per replica:
+  numpy result]]."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from replibench import engine  # pylint: disable=import-outside-toplevel
-  replicator = engine.Replicator(engine.Local(num_replicas=n, device="cpu"))
+  replicator = engine.Replicator(engine.Local(num_replicas=n, device=device))
   inputs = replicator.strategy.experimental_distribute_values_from_function(
       lambda ctx: tf.constant(values[ctx.replica_id_in_sync_group]))
   step = tf.function(lambda x: replicator.run(fn, x))
@@ -134,6 +135,6 @@ def replicated_calls(n: int, fn, values, calls: int = 1) -> list:
           for _ in range(calls)]
 
 
-def replicated(n: int, fn, values) -> list:
-  """fn(x) run once on n logical CPU replicas: [per replica: numpy result]."""
-  return replicated_calls(n, fn, values)[0]
+def replicated(n: int, fn, values, device: str = "cpu") -> list:
+  """fn(x) run once on n replicas of `device`: [per replica: numpy result]."""
+  return replicated_calls(n, fn, values, device=device)[0]

@@ -58,11 +58,23 @@ def gpu_names() -> list[str]:
   return [d.name for d in tf.config.list_logical_devices("GPU")]
 
 
-def local_devices(num_replicas: int, device: str) -> list[str]:
-  """Device names for num_replicas replicas of type device ('auto', 'cpu', 'gpu')."""
+def resolve_kind(num_replicas: int, device: str) -> str:
+  """'cpu' or 'gpu' for Local(num_replicas, device).
+
+  'auto' is 'gpu' when at least num_replicas GPUs are visible, else 'cpu' (logical
+  devices): a 2-replica config on a 1-GPU machine still runs its cross-replica code,
+  where 'gpu' would refuse. The plan's device line says which was chosen.
+  """
   if device not in ("auto", "cpu", "gpu"):
     raise UserError(f"Local(device={device!r}): device must be 'auto', 'cpu' or 'gpu'.")
-  if device == "cpu" or (device == "auto" and not tf.config.list_physical_devices("GPU")):
+  if device != "auto":
+    return device
+  return "gpu" if len(tf.config.list_physical_devices("GPU")) >= num_replicas else "cpu"
+
+
+def local_devices(num_replicas: int, device: str) -> list[str]:
+  """Device names for num_replicas replicas of type device ('auto', 'cpu', 'gpu')."""
+  if resolve_kind(num_replicas, device) == "cpu":
     return ensure_logical_cpus(num_replicas)
   gpus = gpu_names()
   if not gpus:

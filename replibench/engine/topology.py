@@ -41,7 +41,11 @@ class Topology:
 @gin.configurable(module="topology")
 @dataclasses.dataclass(frozen=True)
 class Local(Topology):
-  """num_replicas replicas on this host: one per GPU, or logical CPU devices."""
+  """num_replicas replicas on this host: one per GPU, or logical CPU devices.
+
+  device: 'gpu', 'cpu', or 'auto' (GPUs when there are at least num_replicas of
+  them, else logical CPU devices).
+  """
 
   num_replicas: int = 1
   device: str = "auto"
@@ -52,9 +56,7 @@ class Local(Topology):
       raise UserError(f"Local(num_replicas={self.num_replicas!r}): need a positive integer.")
 
   def describe_devices(self) -> str:
-    kind = self.device
-    if kind == "auto":
-      kind = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+    kind = devices.resolve_kind(self.num_replicas, self.device)
     return f"{self.num_replicas} x {'GPU' if kind == 'gpu' else 'CPU (logical devices)'}"
 
   def make_strategy(self):

@@ -121,11 +121,19 @@ def _accelerators() -> list[str]:
           for d in tf.config.list_physical_devices() if d.device_type != "CPU"]
 
 
+def _accelerator_peak_memory() -> dict:
+  """{logical GPU name: the most bytes TensorFlow's allocator held on it so far}."""
+  return {d.name: tf.config.experimental.get_memory_info(d.name.split("device:")[-1])["peak"]
+          for d in tf.config.list_logical_devices("GPU")}
+
+
 def machine(calibration: dict | None = None) -> dict:
   """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
-  sees, and the calibration measured at run start (None if none was)."""
+  sees with their peak memory in use (bytes, this process), and the calibration
+  measured at run start (None if none was)."""
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
           "isa_flags": isa_flags(), "accelerators": _accelerators(),
+          "accelerator_peak_memory_bytes": _accelerator_peak_memory(),
           "calibration": calibration}
 
 
