@@ -29,6 +29,12 @@ flags.DEFINE_float("timeout", None, "Stop all tasks after this many seconds.")
 flags.DEFINE_string("network", "none", "The cluster's link: 'none' (unlimited loopback) or a "
                     "rate in tc's units (10gbit, 1gbit, 100mbit...), applied to the loopback "
                     "of the launch's private network namespace.")
+flags.DEFINE_string("device_profile", None, "predict: a gin file binding predict.DeviceProfile "
+                    "(configs/devices/).")
+flags.DEFINE_string("efficiency", None, "predict: the statistical-efficiency file (default "
+                    "results/predict/WORKLOAD.json).")
+flags.DEFINE_string("topology", None, "predict: a topology gin file, applied after the config "
+                    "(instead of --workers).")
 flags.DEFINE_string("sweep", None, "The sweep declaration (TOML, beside the gin files).")
 flags.DEFINE_integer("seeds", None, "Run seeds 1..K instead of the sweep file's seeds.")
 flags.DEFINE_string("out", None, "Output directory (default DIR/report).")
@@ -80,6 +86,19 @@ def cmd_plan(args) -> int:
   _no_arguments("plan", args)
   plan = make_plan(_compile())
   print(json.dumps(plan, indent=1) if FLAGS.json else format_plan(plan))
+  return errors.EXIT_OK
+
+
+def cmd_predict(args) -> int:
+  from replibench.predict.command import predict_command  # pylint: disable=import-outside-toplevel
+  _no_arguments("predict", args)
+  if not FLAGS.gin_file:
+    raise UserError("--gin_file is required (e.g. --gin_file=configs/resnet/fashion_mnist.gin).")
+  if FLAGS["workers"].present and FLAGS.topology:
+    raise UserError("predict: give --workers or --topology, not both.")
+  print(predict_command(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.device_profile,
+                        FLAGS.efficiency, FLAGS.workers if FLAGS["workers"].present else None,
+                        FLAGS.topology, FLAGS.network, FLAGS.json))
   return errors.EXIT_OK
 
 
@@ -169,8 +188,8 @@ def cmd_compare(args) -> int:
   return comparison.exit_code
 
 
-HANDLERS = {"run": cmd_run, "plan": cmd_plan, "launch": cmd_launch, "sweep": cmd_sweep,
-            "report": cmd_report, "compare": cmd_compare}
+HANDLERS = {"run": cmd_run, "plan": cmd_plan, "predict": cmd_predict, "launch": cmd_launch,
+            "sweep": cmd_sweep, "report": cmd_report, "compare": cmd_compare}
 
 
 def main(argv) -> int:

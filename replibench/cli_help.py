@@ -34,6 +34,15 @@ COMMANDS = {
         "replibench launch --workers 2 --cpus_per_worker 1 -- run "
         "--gin_file=configs/resnet/fashion_mnist.gin --gin_file=configs/topology/workers.gin "
         "--workdir=runs/w2"),
+    "predict": Command(
+        "Predict seconds per step, steps and time to target, and the critical batch, on "
+        "any topology and device profile (measured batch-size fit x hardware model).",
+        "replibench predict --gin_file=F [--gin_bindings=B] --device_profile=P "
+        "[--workers N | --topology=T] [--network RATE] [--efficiency=E] [--json]",
+        ("gin_file", "gin_bindings", "device_profile", "workers", "topology", "network",
+         "efficiency", "json"),
+        "replibench predict --gin_file=configs/resnet/imagenet_tpu32.gin "
+        "--device_profile=configs/devices/tpu_v3_32.gin"),
     "sweep": Command(
         "Run every trial of a sweep file (TOML), resuming an interrupted sweep.",
         "replibench sweep --sweep=S --workdir=DIR [--seeds=K] [--gin_file=F] [--gin_bindings=B]",

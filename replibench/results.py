@@ -47,10 +47,12 @@ class RunResult:
   metrics_at_target: dict | None = None
   examples_per_s: float | None = None
   first_call_s: float | None = None
+  eval_s: float | None = None   # Mean seconds per evaluation (inside time_to_target_s).
   regime: dict = dataclasses.field(default_factory=dict)
   regime_metrics: dict = dataclasses.field(default_factory=dict)
   communication: dict | None = None
   network: dict | None = None   # Bytes on the wire, in a launched cluster (harness/wire.py).
+  noise_scale: dict | None = None   # The gradient noise scale (engine/noise_scale.py).
   budget: dict = dataclasses.field(default_factory=dict)
   curve: list = dataclasses.field(default_factory=list)
   topology: str = ""

@@ -24,6 +24,7 @@ ALLOWED = {
                           "replibench.data", "replibench.eval", "replibench.rl"},
     "replibench.harness": {"replibench.engine", "replibench.config", "replibench.workloads"},
     "replibench.suite": set(),
+    "replibench.predict": {"replibench.config"},
 }
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 PACKAGES = ("models", "replibench.engine", "replibench.workloads", "replibench.data",
-            "replibench.eval", "replibench.rl", "replibench.config")
+            "replibench.eval", "replibench.rl", "replibench.config", "replibench.predict")
 
 
 def register_all() -> None:

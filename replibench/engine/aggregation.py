@@ -57,9 +57,14 @@ def sync_apply_gradients(optimizer, grads: list, variables: list) -> None:
   sync_apply_gradients_jointly([(optimizer, grads, variables)])
 
 
-def sync_apply_gradients_jointly(updates: list) -> None:
-  """sync_apply_gradients for several (optimizer, grads, vars): one all-reduce for all."""
+def sync_apply_gradients_jointly(updates: list) -> list:
+  """sync_apply_gradients for several (optimizer, grads, vars): one all-reduce for all.
+
+  Returns the reduced gradients, every update's in order (None where grads had None).
+  """
   sizes = [len(grads) for _, grads, _ in updates]
-  reduced = iter(all_reduce_gradients([g for _, grads, _ in updates for g in grads]))
+  reduced = all_reduce_gradients([g for _, grads, _ in updates for g in grads])
+  remaining = iter(reduced)
   for (optimizer, _, variables), size in zip(updates, sizes):
-    apply_reduced(optimizer, [next(reduced) for _ in range(size)], variables)
+    apply_reduced(optimizer, [next(remaining) for _ in range(size)], variables)
+  return reduced

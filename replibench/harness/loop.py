@@ -20,6 +20,7 @@ from absl import logging
 
 from replibench import engine, results
 from replibench.config.experiment import Experiment
+from replibench.engine import noise_scale
 from replibench.harness import outcome, progress, provenance, wire, workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
@@ -111,6 +112,7 @@ class _Run:
     self.state.begin_session(int(self.step.numpy()), self.init_s)
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     self.wire = wire.WireMeter(int(self.step.numpy()))
+    self.noise_window = {}   # Sums of the noise-scale norms since the last log line.
     meter = progress.Meter(int(self.step.numpy()), self.limit, self.experiment.global_batch_size)
     status, reached_at = self._train(meter, elapsed)
     self.elapsed.assign(elapsed())
@@ -134,6 +136,7 @@ class _Run:
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)
+      self._add_noise_norms(outputs)
       if not math.isfinite(float(outputs["loss"])):
         logging.error("Diverged at step %d: loss is %s.", step, float(outputs["loss"]))
         return results.DIVERGED, None
@@ -164,13 +167,32 @@ class _Run:
     values["train/examples_per_s"] = meter.recent_examples_per_s()
     values.update(self.workload.host_metrics())
     values.update(self.wire.scalars(step))
+    values.update(self._noise_scale_scalar())
     self.summaries.scalars(step, values)
     logging.info("%s", meter.line(step, values, now))
+
+  def _add_noise_norms(self, outputs: dict) -> None:
+    for key in (noise_scale.SMALL, noise_scale.BIG):
+      if key in outputs:
+        total, count = self.noise_window.get(key, (0.0, 0))
+        self.noise_window[key] = (total + float(outputs[key]), count + 1)
+
+  def _noise_scale_scalar(self) -> dict:
+    """{'train/noise_scale/b_simple': B_simple over the steps since the last log}."""
+    means = {k: total / count for k, (total, count) in self.noise_window.items()}
+    self.noise_window = {}
+    found = outcome.noise_record(means, self.experiment.global_batch_size,
+                                 self.replicator.num_replicas)
+    return ({"train/noise_scale/b_simple": found["b_simple"]}
+            if found and found["b_simple"] is not None else {})
 
   def _evaluate(self, step: int, elapsed) -> float:
     epoch = round(step / self.spec.steps_per_epoch, 4)
     self.mllog.start(MLC.EVAL_START, epoch_num=epoch, samples_count=self._samples())
+    started = time.monotonic()
     metrics = self.workload.evaluate(self.replicator)
+    self.state.eval_time = [self.state.eval_time[0] + time.monotonic() - started,
+                            self.state.eval_time[1] + 1]
     images = {k: v for k, v in metrics.items() if isinstance(v, np.ndarray) and v.ndim == 4}
     scalars = {k: float(v) for k, v in metrics.items() if k not in images}
     value = scalars[self.workload.target_metric]

@@ -1,6 +1,7 @@
 """A run's RunResult, made from the harness's state at the end of a session."""
 
 from replibench import results
+from replibench.engine import noise_scale
 from replibench.harness import netns, provenance, wire
 
 
@@ -23,10 +24,13 @@ def make_result(run, status: str) -> results.RunResult:
       final_metrics=state.last_eval, metrics_at_target=state.at_target if reached else None,
       examples_per_s=throughput.get("examples_per_s"),
       first_call_s=_rounded(throughput.get("first_call_s")),
+      eval_s=_rounded(state.eval_time[0] / state.eval_time[1]) if state.eval_time[1] else None,
       regime=exp.regime.hparams(), regime_metrics=state.regime_means(),
       communication=communication_account(run.communication, throughput.get("examples_per_s"),
                                           exp.global_batch_size),
       network=network_record(run),
+      noise_scale=noise_record(state.regime_means(), exp.global_batch_size,
+                               run.replicator.num_replicas, run.communication),
       budget={"total_steps": exp.total_steps, "limit": run.limit}, curve=state.curve,
       sessions=state.sessions, resumed=max(0, len(state.sessions) - 1),
       operative_config=run.operative_config,
@@ -45,6 +49,31 @@ def communication_account(account: dict, examples_per_s: float | None,
     if account.get("collective_s_per_step") is not None:
       account["collective_fraction"] = round(min(1.0, account["collective_s_per_step"] / step_s), 4)
   return account
+
+
+def noise_record(means: dict, global_batch: int, num_replicas: int,
+                 account: dict | None = None) -> dict | None:
+  """The simple gradient noise scale from the run's mean |G_b|^2 and |G_B|^2 (None
+  where the regime recorded none: one replica, loss scaling, or not Sync)."""
+  if noise_scale.SMALL not in means or noise_scale.BIG not in means or num_replicas < 2:
+    return None
+  b_small = global_batch / num_replicas
+  found = noise_scale.estimate(means[noise_scale.SMALL], means[noise_scale.BIG],
+                               b_small, global_batch)
+  record = {"b_simple": found.b_simple, "trace_sigma": found.trace_sigma,
+            "grad_sq": found.grad_sq, "per_replica_batch": b_small,
+            "global_batch": global_batch,
+            "method": "McCandlish et al. 2018 A.1: per-replica vs all-reduced gradient "
+                      "norms, each averaged over the run before the ratio"}
+  if "batch_norm" in ((account or {}).get("by_kind") or {}):
+    # The backward pass of the moments' all-reduce mixes every replica's examples
+    # into each replica's gradient (parts that cancel in the sum), so |G_b|^2 is
+    # inflated against |G_B|^2: measured here, |G|^2 came out negative.
+    record["caveat"] = ("cross-replica batch norm couples the replicas' gradients, which "
+                        "are then not independent batch-b estimates: the estimate is biased "
+                        "(tr(Sigma) up, |G|^2 down, possibly negative). Measure the noise "
+                        "scale with per-replica batch norm (engine.per_replica_batch_norm).")
+  return record
 
 
 def network_record(run) -> dict | None:

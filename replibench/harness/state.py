@@ -22,6 +22,7 @@ class RunState:
   last_eval: dict | None = None
   at_target: dict | None = None
   regime_sums: dict = dataclasses.field(default_factory=dict)   # key -> [sum, count]
+  eval_time: list = dataclasses.field(default_factory=lambda: [0.0, 0])   # [seconds, evaluations]
   sessions: list = dataclasses.field(default_factory=list)
   status: str | None = None        # Set once the run is over: reached / budget_exhausted / diverged.
   reached_at: int | None = None    # The step whose evaluation met the target.

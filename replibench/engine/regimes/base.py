@@ -18,8 +18,9 @@ both use.
 """
 
 import gin
+import tensorflow as tf
 
-from replibench.engine import aggregation
+from replibench.engine import aggregation, noise_scale
 from replibench.engine.regimes.step_metrics import StepMetrics
 
 GRADIENTS, STATE = "gradient", "state"   # What a regime sends: see Regime.exchanges.
@@ -109,16 +110,25 @@ class Sync(Regime):
 
   name = "sync"
 
-  def __init__(self):
+  def __init__(self, noise_scale: bool = True):
+    """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/noise_scale.py) on
+    two or more replicas, for the gradient noise scale; off under loss scaling."""
     self._metrics = StepMetrics()
+    self.noise_scale = noise_scale
 
   def apply_gradients(self, optimizer, grads, variables):
     self.apply_gradients_jointly([(optimizer, grads, variables)])
 
   def apply_gradients_jointly(self, updates):
-    aggregation.sync_apply_gradients_jointly(updates)
-    sizes = [s for _, grads, _ in updates for s in tensor_sizes(grads)]
-    self._metrics.add("regime/bytes_communicated", self.wire_bytes(sizes, 0))
+    reduced = aggregation.sync_apply_gradients_jointly(updates)
+    local = [g for _, grads, _ in updates for g in grads]
+    self._metrics.add("regime/bytes_communicated", self.wire_bytes(tensor_sizes(local), 0))
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    # A loss-scaled step's gradients carry the scale (and inf on skipped steps).
+    scaled = any(hasattr(optimizer, "inner_optimizer") for optimizer, _, _ in updates)
+    if self.noise_scale and replicas > 1 and not scaled:
+      for key, value in noise_scale.step_norms(local, reduced, replicas).items():
+        self._metrics.add(key, value)
 
   def step_metrics(self):
     return self._metrics.take()

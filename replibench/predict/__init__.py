@@ -1,0 +1,1 @@
+"""Predicting time to target on hardware that is not here: statistical x hardware efficiency."""

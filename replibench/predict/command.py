@@ -1,0 +1,71 @@
+"""The `replibench predict` command: flags in, a prediction table (or JSON) out."""
+
+import json
+import os
+
+from replibench.config import gin_loader, load_experiment
+from replibench.config.plan import make_plan
+from replibench.errors import UserError
+from replibench.predict import predictor
+from replibench.predict.hardware import DeviceProfile
+
+EFFICIENCY_DIR = os.path.join(gin_loader.REPO_ROOT, "results", "predict")
+
+
+def predict_command(gin_files: list[str], bindings: list[str], device_profile: str | None,
+                    efficiency: str | None, workers: int | None, topology: str | None,
+                    network: str, as_json: bool) -> str:
+  """The text `replibench predict` prints; UserError on bad input (nothing printed)."""
+  if not device_profile:
+    raise UserError("predict: --device_profile is required (a gin file binding "
+                    "predict.DeviceProfile, e.g. configs/devices/tpu_v3_32.gin).")
+  for flag, path in (("--device_profile", device_profile), ("--topology", topology)):
+    if path and not os.path.isfile(path):
+      raise UserError(f"{flag}={path}: no such file.")
+  if workers is not None and workers < 1:
+    raise UserError(f"--workers={workers}: need at least one worker.")
+  experiment = load_experiment(list(gin_files) + ([topology] if topology else [])
+                               + [device_profile], bindings)
+  profile = _profile(device_profile)
+  plan = make_plan(experiment)
+  replicas = workers * profile.devices_per_host if workers else plan["num_replicas"]
+  path = efficiency or os.path.join(EFFICIENCY_DIR, f"{plan['workload']}.json")
+  result = predictor.predict(predictor.Question(plan, profile, replicas, network),
+                             predictor.load_efficiency(path))
+  return json.dumps(result, indent=1) if as_json else format_prediction(result)
+
+
+def _profile(path: str) -> DeviceProfile:
+  try:
+    return DeviceProfile()
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (gin wraps the missing binding)
+    raise UserError(f"--device_profile={path}: {' '.join(str(e).split())}") from None
+
+
+def format_prediction(p: dict) -> str:
+  """Aligned lines: seconds per step and its parts, steps, time, critical batch."""
+  def interval(pair, fmt):
+    return f"[{fmt.format(pair[0])}, {fmt.format(pair[1])}]"
+  rows = [
+      ("workload", p["workload"]), ("device", p["device"]),
+      ("replicas", f"{p['num_replicas']} on {p['hosts']} host(s), network {p['network']}"),
+      ("global batch", f"{p['global_batch_size']} ({p['per_replica_batch_size']} per replica)"),
+      ("seconds per step", f"{p['step_s']:.4g} (compute {p['compute_s']:.4g}, "
+                           f"communication {p['comm_s']:.4g})"),
+      ("steps to target", f"{p['steps_to_target']:.0f} {interval(p['steps_interval'], '{:.0f}')}"
+                          + ("  EXTRAPOLATED beyond the fitted batches" if p["extrapolated_batch"]
+                             else "")),
+      ("evaluations", f"{p['evaluations']:.1f} x {p['eval_s']:.3g} s"),
+      ("time to target", f"{p['time_to_target_s']:.4g} s "
+                         f"{interval(p['time_interval_s'], '{:.4g}')} "
+                         f"({p['target_metric']} {p['target']})"),
+      ("critical batch", f"{p['critical_batch']:.0f} {interval(p['critical_batch_interval'], '{:.0f}')}"
+                         + (f"; noise scale B_simple {p['noise_scale_b_simple']:.0f}"
+                            if p["noise_scale_b_simple"] else "")),
+  ]
+  if p["memory_ok"] is False:
+    rows.append(("memory", "the float32 weights, gradients and slots exceed the device's memory"))
+  width = max(len(k) for k, _ in rows)
+  return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

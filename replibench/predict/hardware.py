@@ -1,0 +1,106 @@
+"""Hardware efficiency: seconds per step from FLOPs, device speed and collective cost.
+
+Paleo's decomposition (Qi et al., ICLR 2017), with no overlap of communication
+and compute (tf.distribute's all-reduce starts after the backward pass unless the
+topology packs it: MultiWorker.bytes_per_pack):
+
+  step_s    = compute_s + comm_s
+  compute_s = overhead_s + flops_per_example * per_replica_batch / achieved FLOP/s
+  comm_s    = collectives * latency term + bytes term
+
+The all-reduce is a ring within a host and, across hosts, a ring over the hosts
+(hierarchical, as NCCL and TF's collectives do): each replica's payload M (bytes)
+crosses its in-host link 2(d-1)/d times and its host's network link 2(H-1)/H
+times, with d devices per host and H hosts. A `shared_link` profile (one machine's
+emulated cluster, `replibench launch --network`) has one link for all traffic:
+the whole ring's 2(N-1) M bytes pass through it.
+
+A DeviceProfile is one replica's device. Every number comes from a spec sheet or a
+measurement; each profile file's header says which.
+"""
+
+import dataclasses
+import math
+
+import gin
+
+from replibench.errors import UserError
+
+
+@gin.configurable(module="predict")
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+  """One replica's device and its links. Units: FLOP/s, seconds, bytes, bytes/s."""
+
+  name: str = gin.REQUIRED
+  peak_flops: float = gin.REQUIRED          # Dense FLOP/s in the run's precision.
+  achieved_fraction: float = gin.REQUIRED   # Of peak, on models like these.
+  overhead_s: float = 0.0                   # Per step: host, launch, input pipeline.
+  memory_bytes: float = 0.0                 # Per device (0: unchecked).
+  devices_per_host: int = 1
+  intra_host_bytes_per_s: float = math.inf  # Per device (NVLink, ICI).
+  intra_host_latency_s: float = 0.0         # Per collective hop.
+  inter_host_bytes_per_s: float = math.inf  # Per host network link.
+  inter_host_latency_s: float = 0.0
+  shared_link: bool = False                 # One link for the whole cluster.
+  shared_cores: int = 0                     # > 0: devices share this many cores.
+
+  def __post_init__(self):
+    for field in ("peak_flops", "achieved_fraction", "devices_per_host"):
+      if not getattr(self, field) > 0:
+        raise UserError(f"predict.DeviceProfile.{field} = {getattr(self, field)!r} in profile "
+                        f"{self.name!r}: must be positive.")
+
+  @property
+  def achieved_flops(self) -> float:
+    return self.peak_flops * self.achieved_fraction
+
+  def core_share(self, num_replicas: int) -> float:
+    """The share of its own speed each of num_replicas devices gets: < 1 where more
+    replicas than `shared_cores` share one machine's cores."""
+    return min(1.0, self.shared_cores / num_replicas) if self.shared_cores else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+  compute_s: float
+  comm_s: float
+
+  @property
+  def step_s(self) -> float:
+    return self.compute_s + self.comm_s
+
+
+def compute_seconds(profile: DeviceProfile, flops_per_example: float, per_replica_batch: float,
+                    num_replicas: int) -> float:
+  """One replica's step compute: overhead plus its FLOPs at the achieved rate, both
+  slowed by the share of a core each gets when more replicas than `shared_cores`
+  share one machine's cores."""
+  return (profile.overhead_s + flops_per_example * per_replica_batch / profile.achieved_flops
+          ) / profile.core_share(num_replicas)
+
+
+def allreduce_seconds(profile: DeviceProfile, payload_bytes: float, collectives: int,
+                      num_replicas: int) -> float:
+  """A step's all-reduces: `collectives` of them, payload_bytes per replica in all."""
+  n = num_replicas
+  if n <= 1:
+    return 0.0
+  d = min(profile.devices_per_host, n)
+  hosts = math.ceil(n / d)
+  if profile.shared_link:
+    return (collectives * 2 * (n - 1) * profile.inter_host_latency_s
+            + 2 * (n - 1) * payload_bytes / profile.inter_host_bytes_per_s)
+  latency = 2 * (d - 1) * profile.intra_host_latency_s + 2 * (hosts - 1) * profile.inter_host_latency_s
+  moved = (2 * (d - 1) / d * payload_bytes / profile.intra_host_bytes_per_s
+           + 2 * (hosts - 1) / hosts * payload_bytes / profile.inter_host_bytes_per_s)
+  return collectives * latency + moved
+
+
+def step_time(profile: DeviceProfile, flops_per_example: float, global_batch: int,
+              num_replicas: int, payload_bytes: float, collectives: int) -> StepTime:
+  """Seconds per step of a synchronous step on num_replicas replicas of profile."""
+  return StepTime(
+      compute_s=compute_seconds(profile, flops_per_example, global_batch / num_replicas,
+                                num_replicas),
+      comm_s=allreduce_seconds(profile, payload_bytes, collectives, num_replicas))
