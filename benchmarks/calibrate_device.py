@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaling import REPO, Setup, Workload, measure  # noqa: E402  pylint: disable=wrong-import-position
@@ -70,9 +71,13 @@ def main() -> int:
   print(figures)
   print(f"achieved {achieved / 1e9:.2f} GFLOP/s a core, overhead {overhead * 1e3:.2f} ms a step, "
         f"collective hop latency {latency * 1e6:.0f} us")
+  measured = textwrap.fill(f"TensorFlow 2.21 CPU. Every number below was measured here "
+                           f"(ResNet, {CONFIG}, training calls only): {figures}.",
+                           width=86, initial_indent="#   ", subsequent_indent="#   ")
   with open(args.out, "w", encoding="utf-8") as f:
-    f.write(PROFILE.format(flags=_flags(), figures=figures, achieved=achieved, overhead=overhead,
-                           latency=latency, cores=os.cpu_count(), out=args.out))
+    f.write(PROFILE.format(flags=_flags(), measured=measured, achieved=achieved,
+                           overhead=overhead, latency=latency, cores=os.cpu_count(),
+                           out=args.out))
   return 0
 
 
@@ -82,11 +87,11 @@ PROFILE = """\
 #
 #   .venv/bin/python benchmarks/calibrate_device.py --out={out}
 #   replibench predict --gin_file=configs/resnet/fashion_mnist.gin \\
-#     --gin_bindings="Experiment.target = 0.90" --device_profile={out} --workers=2
+#     --gin_bindings="Experiment.target = 0.90" --workers=2 \\
+#     --device_profile={out}
 #
-# Hardware: 2-core AMD EPYC (lscpu flags: {flags}), 24 GiB, no GPU,
-#   TensorFlow 2.21 CPU. Every number below was measured here (ResNet, configs/resnet/
-#   fashion_mnist.gin, training calls only): {figures}.
+# Hardware: 2-core AMD EPYC, 24 GiB, no GPU; lscpu flags {flags}.
+{measured}
 # - peak_flops is the achieved rate (achieved_fraction 1): a CPU core's peak is not
 #   what bounds these steps.
 # - shared_cores: the machine's cores; more workers than cores share them.

@@ -60,6 +60,20 @@ def workload_configs() -> list[str]:
           if "Experiment.workload" in open(p).read()]
 
 
+def no_autotune():
+  """tf.data options without the autotuning model thread.
+
+  An iterator of an autotuned pipeline, freed in a test's teardown (conftest's
+  gc.collect), waits for that thread's timed sleep to end: 4-20 s per test measured
+  on test_regimes' equivalence runs. The toy pipelines of the tests gain nothing
+  from autotuning.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  return options
+
+
 def random_images(n: int) -> tuple:
   """(x float32 [n, 8, 8, 3], y int32 [n] in [0, 10)): fixed toy data for replication tests."""
   import numpy as np  # pylint: disable=import-outside-toplevel

@@ -42,7 +42,8 @@ class Run:
     def input_fn(ctx):
       ds = tf.data.Dataset.from_tensor_slices((x, y))
       ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).repeat()
+      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).repeat().with_options(
+          helpers.no_autotune())
 
     if self.replicator is not None:
       self.train = self.replicator.compile(self._step_fn, input_fn, GLOBAL_BATCH)

@@ -22,7 +22,7 @@ def _one_paragraph_error(run) -> str:
 def test_help_lists_every_command():
   run = helpers.cli("--help")
   assert run.returncode == 0, run.stderr
-  for command in ("run", "plan", "launch", "sweep", "report", "compare"):
+  for command in ("run", "plan", "predict", "launch", "sweep", "report", "compare"):
     assert f"  {command} " in run.stdout
   assert "Exit codes" in run.stdout
 

@@ -164,3 +164,14 @@ def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(tm
   assert ("caveat" in record) == (norm == "cross_replica")
   assert result.eval_s > 0
   assert result.regime_metrics[noise_scale.SMALL] > 0 < result.regime_metrics[noise_scale.BIG]
+
+
+def test_predict_takes_a_topology_file_and_refuses_it_with_workers(tmp_path):
+  local4 = os.path.join(helpers.REPO, "configs/topology/local4.gin")
+  run = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
+                    f"--topology={local4}", f"--efficiency={_efficiency_file(tmp_path)}")
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "4 on 1 host(s)" in run.stdout and "time to target" in run.stdout
+  both = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
+                     f"--topology={local4}", "--workers=2")
+  assert both.returncode == 2 and "not both" in both.stderr

@@ -6,9 +6,10 @@ it the steps approach S_min (diminishing returns). The fit is linear in 1 / B,
 
     steps = a + c / B,   a = S_min,  c = S_min * B_crit,
 
-so ordinary least squares over every (batch, seed) point gives a, c and their
-covariance; intervals are Student-t over the points' residual scatter (seed noise
-included), and B_crit's by the delta method. Replication does not change the
+so weighted least squares over every (batch, seed) point (relative residuals: the
+seed-to-seed scatter grows with the steps) gives a, c and their covariance;
+intervals are Student-t over the points' residual scatter (seed noise included),
+and B_crit's by the delta method. Replication does not change the
 math, so the fit holds on any hardware for the same config.
 """
 
@@ -65,10 +66,12 @@ def fit_steps(batches, steps) -> StepsFit:
   y = np.asarray(steps, dtype=float)
   if len(b) < 3 or len(set(b.tolist())) < 2:
     raise ValueError(f"need >= 3 points at >= 2 batch sizes, got batches {sorted(b.tolist())}")
-  x = np.stack([np.ones_like(b), 1.0 / b], axis=1)
-  coef, _, _, _ = np.linalg.lstsq(x, y, rcond=None)
+  # Relative residuals: seed-to-seed scatter (and the evaluation interval that
+  # quantizes steps to target) grow with the steps, so each point weighs 1 / steps^2.
+  x = np.stack([np.ones_like(b), 1.0 / b], axis=1) / y[:, None]
+  coef, _, _, _ = np.linalg.lstsq(x, np.ones_like(y), rcond=None)
   dof = len(b) - 2
-  residual = y - x @ coef
+  residual = 1.0 - x @ coef
   sigma_sq = float(residual @ residual) / dof if dof else 0.0
   cov = sigma_sq * np.linalg.inv(x.T @ x)
   a, c = (float(v) for v in coef)
