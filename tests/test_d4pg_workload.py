@@ -78,8 +78,11 @@ def train_on_fixed_batch(num_replicas, pixels=False):
   for step in range(1, STEPS + 1):
     outputs = train()
     work.after_train_call(step)
-  # The workload's outputs, plus the (Sync) regime's bytes sent per replica.
-  assert set(outputs) == {"loss", "critic_loss", "policy_loss", "regime/bytes_communicated"}
+  # The workload's outputs, plus the (Sync) regime's bytes sent per replica and, on
+  # several replicas, its gradient norms for the noise scale.
+  noise = {"regime/noise_small_sq", "regime/noise_big_sq"} if num_replicas > 1 else set()
+  assert set(outputs) == {"loss", "critic_loss", "policy_loss", "regime/bytes_communicated",
+                          *noise}
   assert np.isfinite(outputs["loss"]) and outputs["loss"] == outputs["critic_loss"]
   moved = [not np.array_equal(b, v.numpy()) for b, v in zip(before, work.networks.critic.variables)]
   assert any(moved)
