@@ -69,7 +69,8 @@ data:
 # peak; 623-626 s for 515 tests (the network and wire-format tests added), 7.35 GB at
 # peak (the xdist workers grow to ~2.5-3.7 GB each, launched clusters come on top);
 # 856 s for 614 tests (8 skipped: GPU) and 8.0 GB in use at peak above an idle 0.63 GB
-# (8.3 GB before conftest's malloc_trim), 920 s for the whole clean-clone .ci/run.
+# (8.3 GB in the one run before conftest's malloc_trim), 920 s for the whole clean-clone
+# .ci/run.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) tests; rc=$$?; \

@@ -4,12 +4,14 @@ Reads every trial's result.json under SWEEP_DIR (`replibench sweep` layout:
 TRIAL/seed=K/result.json), fits steps(B) = S_min (1 + B_crit / B) over the runs that
 reached the target (replibench/predict/efficiency.py), and writes the statistical-
 efficiency file `replibench predict` reads: the points, the fit, the noise scale the
-engine recorded (median over runs), and the mean seconds per evaluation with the
+engine recorded (median over the runs, this sweep's and --noise_dir's, whose estimate
+carries no bias caveat), and the mean seconds per evaluation with the
 training FLOP/s the same runs achieved (evaluations scale to another device by its
 achieved FLOP/s against these). Prints a table: per batch, the seeds' steps, their mean, the fit.
 
   python benchmarks/statistical_efficiency.py runs/resnet_batch \
-    --out=results/predict/resnet_fashion_mnist.json [--hold_out=256]
+    --noise_dir=runs/resnet_noise --out=results/predict/resnet_fashion_mnist.json \
+    [--hold_out=256]
 
 --hold_out leaves a batch out of the fit and prints its predicted against measured
 steps (the held-out check of results/predict/README.md).
@@ -50,6 +52,13 @@ def _achieved_train_flops(runs) -> float | None:
   return flops * statistics.median(speeds) if flops and speeds else None
 
 
+def _noise_scales(runs) -> list[float]:
+  """B_simple of the runs that recorded an unbiased one: runs flagged with a caveat
+  (cross-replica batch norm couples the replicas' gradients) are left out."""
+  return [r.noise_scale["b_simple"] for r in runs
+          if r.noise_scale and r.noise_scale["b_simple"] and "caveat" not in r.noise_scale]
+
+
 def _table(runs, fit, held_out) -> str:
   lines = [f"{'batch':>6} {'runs':>5} {'reached':>8} {'steps (each)':<28} {'mean':>8} {'fit':>8}"]
   for batch in sorted({r.global_batch_size for r in runs}):
@@ -71,6 +80,9 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("sweep_dir")
   parser.add_argument("--out", required=True)
+  parser.add_argument("--noise_dir", action="append", default=[],
+                      help="another sweep whose runs' noise scale to report (e.g. "
+                           "configs/resnet/noise_scale.sweep's, with per-replica batch norm)")
   parser.add_argument("--hold_out", type=int, default=None, help="a batch to leave out of the fit")
   args = parser.parse_args()
   runs = _runs(args.sweep_dir)
@@ -80,11 +92,12 @@ def main() -> int:
   fitted = [r for r in runs if r.converged and r.global_batch_size != args.hold_out]
   fit = efficiency.fit_steps([r.global_batch_size for r in fitted],
                              [r.steps_to_target for r in fitted])
-  noise = [r.noise_scale["b_simple"] for r in runs if r.noise_scale and r.noise_scale["b_simple"]]
+  noise = _noise_scales(runs + [r for d in args.noise_dir for r in _runs(d)])
   evals = [r.eval_s for r in runs if r.eval_s]
   record = {
       "workload": runs[0].workload, "target": runs[0].target,
-      "target_metric": runs[0].target_metric, "source": os.path.abspath(args.sweep_dir),
+      "target_metric": runs[0].target_metric,
+      "source": os.path.relpath(os.path.abspath(args.sweep_dir), REPO),
       "points": [{"global_batch": r.global_batch_size, "seed": r.seed, "status": r.status,
                   "steps_to_target": r.steps_to_target} for r in runs],
       "held_out": args.hold_out, "fit": dataclasses.asdict(fit),

@@ -41,8 +41,9 @@ COMMANDS = {
         "[--workers N | --topology=T] [--network RATE] [--efficiency=E] [--json]",
         ("gin_file", "gin_bindings", "device_profile", "workers", "topology", "network",
          "efficiency", "json"),
-        "replibench predict --gin_file=configs/resnet/imagenet_tpu32.gin "
-        "--device_profile=configs/devices/tpu_v3_32.gin"),
+        "replibench predict --gin_file=configs/resnet/fashion_mnist.gin "
+        "--gin_bindings='Experiment.target = 0.90' "
+        "--device_profile=configs/devices/v100_node.gin --workers=4"),
     "sweep": Command(
         "Run every trial of a sweep file (TOML), resuming an interrupted sweep.",
         "replibench sweep --sweep=S --workdir=DIR [--seeds=K] [--gin_file=F] [--gin_bindings=B]",

@@ -175,3 +175,16 @@ def test_predict_takes_a_topology_file_and_refuses_it_with_workers(tmp_path):
   both = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
                      f"--topology={local4}", "--workers=2")
   assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_the_documented_predict_example_runs_on_the_committed_efficiency_file():
+  """`replibench predict --help`'s example, as printed, against results/predict/."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  from replibench.cli_help import COMMANDS  # pylint: disable=import-outside-toplevel
+  args = shlex.split(COMMANDS["predict"].example)
+  assert args[:2] == ["replibench", "predict"]
+  run = helpers.cli(*args[1:], "--json")
+  assert run.returncode == 0, run.stderr[-3000:]
+  got = json.loads(run.stdout)
+  assert got["workload"] == "resnet_fashion_mnist" and got["target"] == 0.90
+  assert math.isfinite(got["time_to_target_s"]) and got["time_to_target_s"] > 0
