@@ -7,11 +7,15 @@ predictions (results/predict/README.md):
   the per-step overhead and the achieved FLOP/s A (F: the plan's FLOPs per example);
 - communication: two pinned workers at the larger batch; what their step takes
   beyond its compute is the step's collectives, whose count the plan gives: their
-  per-hop latency over the cluster's (unlimited) loopback link.
+  per-hop latency over the cluster's (unlimited) loopback link;
+- the loopback's own bandwidth (--loopback_mbit): what gRPC moves over the
+  unlimited link, from benchmarks/calibrate_collectives.py's fit (collectives of
+  0.3-4.9 MB timed alone).
 Training calls only (evaluation and checkpoints out of the way), median of --rounds.
 Writes the profile (gin) with the figures in its header, and prints them.
 
-  .venv/bin/python benchmarks/calibrate_device.py --out=configs/devices/epyc_avx512_core.gin
+  .venv/bin/python benchmarks/calibrate_device.py --out=configs/devices/epyc_avx512_core.gin \
+    --loopback_mbit=7068
 """
 
 import argparse
@@ -54,6 +58,8 @@ def main() -> int:
   parser.add_argument("--batches", default="64,256")
   parser.add_argument("--steps", type=int, default=150)
   parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--loopback_mbit", type=float, required=True,
+                      help="the unlimited loopback's bandwidth from calibrate_collectives.py")
   args = parser.parse_args()
   small, large = (int(b) for b in args.batches.split(","))
   plan = _plan()
@@ -77,7 +83,8 @@ def main() -> int:
   with open(args.out, "w", encoding="utf-8") as f:
     f.write(PROFILE.format(flags=_flags(), measured=measured, achieved=achieved,
                            overhead=overhead, latency=latency, cores=os.cpu_count(),
-                           out=args.out))
+                           out=args.out, loopback_mbit=args.loopback_mbit,
+                           loopback=args.loopback_mbit * 1e6 / 8))
   return 0
 
 
@@ -85,7 +92,8 @@ PROFILE = """\
 # Device profile: one core of this 2-core AMD EPYC, as one worker process of
 # `replibench launch` (one replica per worker), measured by benchmarks/calibrate_device.py.
 #
-#   .venv/bin/python benchmarks/calibrate_device.py --out={out}
+#   .venv/bin/python benchmarks/calibrate_device.py --out={out} \\
+#     --loopback_mbit={loopback_mbit:g}
 #   replibench predict --gin_file=configs/resnet/fashion_mnist.gin \\
 #     --gin_bindings="Experiment.target = 0.90" --workers=2 \\
 #     --device_profile={out}
@@ -96,8 +104,10 @@ PROFILE = """\
 #   what bounds these steps.
 # - shared_cores: the machine's cores; more workers than cores share them.
 # - inter_host_latency_s: the per-hop latency of a collective over the cluster's
-#   loopback (gRPC); the link itself is unlimited unless `--network` sets a rate, and
-#   a launched cluster shares one link (shared_link).
+#   loopback (gRPC); a launched cluster shares one link (shared_link).
+# - inter_host_bytes_per_s: the unlimited loopback's bandwidth under gRPC,
+#   {loopback_mbit:,.0f} Mbit/s (benchmarks/calibrate_collectives.py's fit); `--network`
+#   sets a slower rate.
 # Target / result: results/predict/README.md (predicted against measured time to 90%).
 
 predict.DeviceProfile.name = 'AMD EPYC core (one launch worker)'
@@ -108,6 +118,7 @@ predict.DeviceProfile.devices_per_host = 1
 predict.DeviceProfile.shared_link = True
 predict.DeviceProfile.shared_cores = {cores}
 predict.DeviceProfile.inter_host_latency_s = {latency:.4g}
+predict.DeviceProfile.inter_host_bytes_per_s = {loopback:.4g}
 """
 
 

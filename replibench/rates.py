@@ -1,7 +1,8 @@
 """Link rates in tc's units ('100mbit', '1gbit', '512kbit'; 'none' = unlimited).
 
 One parser for the launcher (which hands the rate to tc), sweep files (which name
-it per point) and the suite's plots (which put it on an axis).
+it per point), the suite's plots (which put it on an axis) and `predict` (which
+models the launcher's token-bucket link).
 """
 
 import math
@@ -21,3 +22,11 @@ def bits_per_second(value: str) -> float:
   if match is None:
     raise ValueError(f"not a link rate: {value!r}")
   return math.inf if value == "none" else float(match[1]) * _UNITS[match[2]]
+
+
+def token_bucket_bytes(value: str) -> int:
+  """The size of the token bucket (tc tbf burst) `replibench launch --network=value`
+  gives its link: it must hold a whole loopback packet (MTU 64 KiB) and ~10 ms of
+  traffic. A link idle long enough to refill it passes that many bytes at once, so a
+  transfer of B bytes takes at least (B - burst) * 8 / rate seconds."""
+  return max(256 * 1024, int(bits_per_second(value) / 8 / 100))

@@ -59,7 +59,7 @@ def test_the_rate_limit_holds_between_two_processes():
   measured = _transfer(rate, size)
   # The token bucket lets `burst` bytes through at once, then the rate: a lower
   # bound the kernel enforces, not a timing of this machine.
-  floor = (size - netns.burst_bytes(rate)) * 8 / rates.bits_per_second(rate)
+  floor = (size - rates.token_bucket_bytes(rate)) * 8 / rates.bits_per_second(rate)
   assert measured["seconds"] >= floor, (measured, floor)
   assert measured["counted"] >= size
 
@@ -96,6 +96,23 @@ def test_a_launched_cluster_reports_its_bytes_on_the_wire(tmp_path, network):
   # The account is a floor here: this config's cross-replica batch norm adds a backward
   # collective per layer that the account does not trace.
   assert wire["bytes_on_wire_per_step"] >= wire["expected_bytes_per_step"] > 0
+  # The first call's one-time collective setup is counted apart from the steps after it.
+  assert wire["first_call_bytes"] > 0 and wire["checkpoint_bytes"] >= 0
+  assert wire["run_bytes_per_step"] * wire["steps"] == pytest.approx(
+      wire["bytes_on_wire"] - wire["eval_bytes"] - wire["checkpoint_bytes"], abs=wire["steps"])
   events = helpers.event_tags(tmp_path)
   assert "network/bytes_on_wire_per_step" in events
   assert "train/regime/bytes_communicated" in events
+
+
+def test_expected_bytes_price_each_collectives_transfers_at_its_own_overhead():
+  from replibench.harness import wire  # pylint: disable=import-outside-toplevel
+  account = {"wire_bytes_per_replica_per_step": 10_000,
+             "wire_messages_by_collective": {"all_reduce": 4, "all_gather": 2},
+             "rpc_overhead_bytes_by_collective": {"all_reduce": 500.0, "all_gather": 1400.0},
+             "rpc_overhead_bytes_per_message": 500.0}
+  assert wire.expected_per_step(account, 2) == 2 * (10_000 + 4 * 500 + 2 * 1400)
+  # An account with one overhead for every transfer (result.json before the split).
+  old = {"wire_bytes_per_replica_per_step": 10_000, "wire_messages_per_replica_per_step": 6,
+         "rpc_overhead_bytes_per_message": 500.0}
+  assert wire.expected_per_step(old, 2) == 2 * (10_000 + 6 * 500)

@@ -2,6 +2,7 @@
 `replibench predict` on topologies this machine lacks and on bad input."""
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from replibench.engine import noise_scale
-from replibench.predict import efficiency, hardware
+from replibench.errors import UserError
+from replibench.predict import command, efficiency, hardware
 from tests import helpers
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
@@ -80,6 +82,19 @@ def test_fit_recovers_s_min_and_b_crit_and_predicts_held_out_batches():
   assert not fit.extrapolates(512) and fit.extrapolates(4096)
 
 
+def test_one_runs_interval_covers_the_seed_scatter_the_mean_interval_does_not():
+  rng = np.random.default_rng(2)
+  batches, steps = _synthetic_points(800.0, 512.0, [64, 128, 256, 1024, 2048], 4, 0.15, rng)
+  fit = efficiency.fit_steps(batches, steps)
+  assert fit.relative_sd == pytest.approx(0.15, rel=0.3)
+  _, mean_low, mean_high = fit.steps(512)
+  run_low, run_high = fit.run_steps(512)
+  assert run_low < mean_low < mean_high < run_high
+  runs = 1600.0 * (1 + 0.15 * rng.standard_normal(2000))   # fresh runs at batch 512
+  covered = np.mean((run_low <= runs) & (runs <= run_high))
+  assert 0.8 < covered < 0.99   # a 90% prediction interval
+
+
 def test_fit_needs_two_batch_sizes():
   with pytest.raises(ValueError, match="batch sizes"):
     efficiency.fit_steps([256, 256, 256], [100, 110, 105])
@@ -96,6 +111,24 @@ def test_ring_allreduce_time_within_and_across_hosts():
   shared = dataclasses.replace(profile, shared_link=True, devices_per_host=1)
   assert hardware.allreduce_seconds(shared, 1e6, 1, 4) == pytest.approx(2 * 3 * 1e6 / 1e8)
   assert hardware.compute_seconds(profile, 1e9, 10, 1) == pytest.approx(1e10 / 5e11)
+
+
+def test_the_emulated_link_passes_its_refilled_bucket_at_once_and_shared_cores_slow_hops():
+  link = hardware.DeviceProfile(name="x", peak_flops=1e12, achieved_fraction=1.0,
+                                shared_link=True, inter_host_bytes_per_s=1e7,
+                                inter_host_latency_s=1e-3, link_burst_bytes=2e5,
+                                shared_cores=2)
+  moved = 2 * 1 * 1e6   # 2 replicas' ring: 2(n-1) M bytes through the one link.
+  assert hardware.allreduce_seconds(link, 1e6, 1, 2) == pytest.approx(2e-3 + moved / 1e7)
+  # 10 ms of compute refills 1e5 bytes of the bucket; 1 s refills all of it (2e5).
+  assert hardware.allreduce_seconds(link, 1e6, 1, 2, idle_s=0.01) == pytest.approx(
+      2e-3 + (moved - 1e5) / 1e7)
+  assert hardware.allreduce_seconds(link, 1e6, 1, 2, idle_s=1.0) == pytest.approx(
+      2e-3 + (moved - 2e5) / 1e7)
+  # 4 replicas on 2 cores: each of the 6 hops waits twice as long for its peer.
+  assert hardware.allreduce_seconds(link, 0.0, 1, 4) == pytest.approx(6 * 1e-3 * 2)
+  step = hardware.step_time(link, 1e9, 20, 2, 1e6, 1)
+  assert step.comm_s == pytest.approx(hardware.allreduce_seconds(link, 1e6, 1, 2, step.compute_s))
 
 
 def _efficiency_file(tmp_path, target=0.92, workload="resnet_fashion_mnist") -> str:
@@ -188,3 +221,56 @@ def test_the_documented_predict_example_runs_on_the_committed_efficiency_file():
   got = json.loads(run.stdout)
   assert got["workload"] == "resnet_fashion_mnist" and got["target"] == 0.90
   assert math.isfinite(got["time_to_target_s"]) and got["time_to_target_s"] > 0
+
+
+def _header_command(path: str) -> list[str]:
+  """The `replibench predict ...` command in a gin file's header, as a user copies it."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  lines = [line[1:].strip() for line in open(os.path.join(helpers.REPO, path))
+           if line.startswith("#")]
+  start = next(i for i, line in enumerate(lines) if line.startswith("replibench predict"))
+  joined = ""
+  for line in lines[start:]:
+    joined += line.rstrip("\\").strip() + " "
+    if not line.endswith("\\"):
+      break
+  return shlex.split(joined)[1:]
+
+
+@pytest.mark.parametrize("profile,workload_file,replicas,batch,steps,bound", [
+    # Goyal et al.: 90 epochs at batch 8,192 on 256 P100s; the recipe's own target.
+    ("configs/devices/p100_bigbasin.gin", "imagenet_goyal256.gin", 256, 8192,
+     90 * 1281167 / 8192, "at_most"),
+    # TF-Replicator: 75.3% on 32 TPU v3 cores, easier than the recipe's 76.3%.
+    ("configs/devices/tpu_v3_32.gin", "imagenet_tpu32.gin", 32, 4096,
+     90 * 1281167 / 4096, "at_most"),
+])
+def test_the_published_results_predict_from_their_profiles_headers(
+    profile, workload_file, replicas, batch, steps, bound):
+  """The ImageNet comparisons of results/predict/README.md, by the commands in the
+  device profiles' headers: topologies and a dataset this machine lacks."""
+  args = _header_command(profile)
+  assert f"--device_profile={profile}" in args
+  run = helpers.cli(*args, "--json")
+  assert run.returncode == 0, run.stderr[-3000:]
+  got = json.loads(run.stdout)
+  assert (got["num_replicas"], got["global_batch_size"]) == (replicas, batch)
+  assert got["steps_to_target"] == pytest.approx(steps) and got["steps_bound"] == bound
+  assert got["critical_batch"] is None and got["critical_batch_interval"][0] == 8192
+  assert got["time_to_target_s"] == pytest.approx(steps * got["step_s"])
+  text = command.format_prediction(got)
+  assert "at most" in text and "Goyal et al. 2017" in text and "not timed" in text
+
+
+@pytest.mark.parametrize("target,error", [(0.78, True), (0.70, False)])
+def test_a_published_recipe_covers_no_target_harder_than_its_own(target, error):
+  ask = functools.partial(
+      command.predict_command, [os.path.join(helpers.REPO, "configs/resnet/imagenet_goyal256.gin")],
+      [f"Experiment.target = {target}"], os.path.join(helpers.REPO, "configs/devices/p100_bigbasin.gin"),
+      os.path.join(helpers.REPO, "results/predict/resnet50_imagenet_published.json"),
+      workers=None, topology=None, network="none", as_json=True)
+  if error:
+    with pytest.raises(UserError, match="no harder than its final metric"):
+      ask()
+  else:
+    assert json.loads(ask())["steps_bound"] == "at_most"

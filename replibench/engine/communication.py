@@ -25,8 +25,9 @@ costs two per layer), and the time the recorded collectives take run alone, in
 the same order and sizes, on the same replicas (replay): a lower bound on
 the communication in a step (no contention with compute, no overlap). In a
 launched cluster the replay also measures what each transfer costs on the link
-beyond its payload (rpc_overhead_bytes_per_message: the receiver's request,
-gRPC framing, TCP), which the expected bytes on the wire include.
+beyond its payload (rpc_overhead_bytes_by_collective: the receiver's request,
+gRPC framing, TCP; all-reduces and all-gathers apart), which the expected bytes
+on the wire include.
 """
 
 import collections
@@ -130,7 +131,8 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
   num_replicas, also wire_bytes_per_replica_per_step: what each replica sends over
   the ring algorithms (Entry.wire_bytes)."""
   by_kind: dict[str, dict] = {}
-  wire = messages = 0.0
+  wire = 0.0
+  messages: dict[str, float] = collections.defaultdict(float)
   for entry in entries:
     share = entry.share / steps_per_call if entry.kind == "outputs" else entry.share
     row = by_kind.setdefault(entry.kind, {"count": 0.0, "bytes": 0.0})
@@ -138,14 +140,15 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
     row["bytes"] += share * entry.payload
     if num_replicas:
       wire += share * entry.wire_bytes(num_replicas)
-      messages += share * entry.messages(num_replicas)
+      messages[entry.collective] += share * entry.messages(num_replicas)
   account = {"collectives_per_step": round(sum(r["count"] for r in by_kind.values()), 3),
              "bytes_per_step": round(sum(r["bytes"] for r in by_kind.values())),
              "by_kind": {k: {"count": round(v["count"], 3), "bytes": round(v["bytes"])}
                          for k, v in sorted(by_kind.items())}}
   if num_replicas:
     account["wire_bytes_per_replica_per_step"] = round(wire)
-    account["wire_messages_per_replica_per_step"] = round(messages, 3)
+    account["wire_messages_per_replica_per_step"] = round(sum(messages.values()), 3)
+    account["wire_messages_by_collective"] = {k: round(v, 3) for k, v in sorted(messages.items())}
   return account
 
 
@@ -161,21 +164,42 @@ def graph_collectives(concrete_function) -> int:
 
 
 def replay(strategy, entries: list[Entry], repeats: int = 10, wire_counter=None) -> dict:
-  """The entries' collectives run alone, in order, on strategy's replicas, as
-  all-reduces of the same bytes (every replica of a multi-worker cluster must call
-  this together): {'seconds': per replay, a lower bound on the step's communication
-  time; with wire_counter (a callable: bytes sent so far on the cluster's link),
-  'rpc_overhead_bytes_per_message': what each transfer costs on the wire beyond
-  its payload (request, framing, TCP), from the bytes counted during the replays}."""
-  # Pairwise (group_size 2) exchanges are replayed over all replicas: an upper bound.
-  sizes = [max(1, e.payload // 4) for e in entries if e.kind != "outputs"]
-  if not sizes:
-    return {"seconds": 0.0}
+  """The entries' collectives run alone, in order, on strategy's replicas, with the
+  same bytes (every replica of a multi-worker cluster must call this together):
+  {'seconds': per replay, a lower bound on the step's communication time}; with
+  wire_counter (a callable: bytes sent so far on the cluster's link), also what each
+  transfer costs on the wire beyond its payload (request, framing, TCP), from the
+  bytes counted during the replays, per collective ('rpc_overhead_bytes_by_collective':
+  all-reduces and all-gathers replay apart, so each one's overhead is measured on
+  its own transfers) and the all-reduce's (or else the gather's) as
+  'rpc_overhead_bytes_per_message'."""
+  found = {"seconds": 0.0}
+  for collective in ("all_reduce", "all_gather"):
+    # Pairwise (group_size 2) exchanges are replayed over all replicas: an upper bound.
+    sizes = [max(1, e.payload // 4) for e in entries
+             if e.kind != "outputs" and e.collective == collective]
+    if sizes:
+      seconds, overhead = _replay_chain(strategy, collective, sizes, repeats, wire_counter)
+      found["seconds"] += seconds
+      if overhead is not None:
+        found.setdefault("rpc_overhead_bytes_by_collective", {})[collective] = overhead
+  by_collective = found.get("rpc_overhead_bytes_by_collective", {})
+  if by_collective:
+    found["rpc_overhead_bytes_per_message"] = by_collective.get(
+        "all_reduce", next(iter(by_collective.values())))
+  return found
 
+
+def _replay_chain(strategy, collective: str, sizes: list[int], repeats: int, wire_counter):
+  """(seconds per replay, overhead bytes per transfer or None) of a chain of float32
+  collectives of these sizes (entries), each waiting for the last, as a step's do."""
   def chain():
     ctx, x = tf.distribute.get_replica_context(), tf.constant(0.0)
-    for size in sizes:   # Each waits for the last, as a step's collectives do.
-      x = tf.reduce_sum(ctx.all_reduce("sum", tf.fill([size], x * 0.0)))
+    for size in sizes:
+      value = tf.fill([size], x * 0.0)
+      out = (ctx.all_reduce("sum", value) if collective == "all_reduce"
+             else ctx.all_gather(value, axis=0))
+      x = tf.reduce_sum(out)
     return x
 
   run = tf.function(lambda: strategy.run(chain))
@@ -184,13 +208,17 @@ def replay(strategy, entries: list[Entry], repeats: int = 10, wire_counter=None)
   start = time.perf_counter()
   for _ in range(repeats):
     run()
-  found = {"seconds": (time.perf_counter() - start) / repeats}
+  seconds = (time.perf_counter() - start) / repeats
   n = strategy.num_replicas_in_sync
-  if wire_counter and n > 1:
-    counted = (wire_counter() - sent) / repeats
-    # What the replay's all-reduces send over the whole cluster, by the ring formulas.
-    replayed = [Entry("other", 4 * size, "all_reduce", None, 1.0) for size in sizes]
-    payload = n * sum(e.wire_bytes(n) for e in replayed)
-    messages = n * sum(e.messages(n) for e in replayed)
-    found["rpc_overhead_bytes_per_message"] = round(max(0.0, counted - payload) / messages, 1)
-  return found
+  if not wire_counter or n <= 1:
+    return seconds, None
+  counted = (wire_counter() - sent) / repeats
+  # What the replay sends over the whole cluster by the ring formulas; an all-gather
+  # first gathers its tensor's shape (an int32 [1] here), as collectives.all_gather
+  # records for a step's gathers.
+  replayed = [Entry("other", 4 * size, collective, None, 1.0) for size in sizes]
+  if collective == "all_gather":
+    replayed += [Entry("other", 4, collective, None, 1.0) for _ in sizes]
+  payload = n * sum(e.wire_bytes(n) for e in replayed)
+  messages = n * sum(e.messages(n) for e in replayed)
+  return seconds, round(max(0.0, counted - payload) / messages, 1)

@@ -9,6 +9,7 @@ continues them, and a run whose outcome is already in its checkpoint only
 writes result.json again.
 """
 
+import contextlib
 import math
 import os
 import time
@@ -93,7 +94,13 @@ class _Run:
     self.state.update_session(int(self.step.numpy()),
                               float(self.elapsed.numpy()) - self._session_base)
     self.state_variable.store(self.state)
-    self.checkpoints.save(int(self.step.numpy()))
+    with self._wire_apart("checkpoint"):
+      self.checkpoints.save(int(self.step.numpy()))
+
+  def _wire_apart(self, kind: str):
+    """The wire meter's block for bytes that are not training's (none before a session)."""
+    meter = getattr(self, "wire", None)
+    return meter.counted_apart(kind) if meter is not None else contextlib.nullcontext()
 
   def _meets_target(self, value: float) -> bool:
     target = self.experiment.target
@@ -133,6 +140,7 @@ class _Run:
       outputs = self.train()
       step = int(self.step.assign_add(exp.steps_per_call).numpy())
       meter.trained(exp.steps_per_call, time.monotonic() - t0)
+      self.wire.trained(step)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)
@@ -144,7 +152,7 @@ class _Run:
         self._log_train(step, outputs, meter, elapsed())
       if step % exp.eval_every_steps == 0 or step >= self.limit:
         self.mllog.block_stop(self._samples())
-        with self.wire.evaluation():
+        with self.wire.counted_apart("eval"):
           value = self._evaluate(step, elapsed)
         meter.evaluated(step, value)
         if not math.isfinite(value):

@@ -98,18 +98,11 @@ def limit_rate(value: str) -> None:
   if tc is None:
     return
   done = subprocess.run([tc, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", value,
-                         "burst", str(burst_bytes(value)), "latency", "100ms"],
+                         "burst", str(rates.token_bucket_bytes(value)), "latency", "100ms"],
                         capture_output=True, text=True)
   if done.returncode:
     raise UserError(f"--network={value}: tc could not rate-limit the namespace's loopback "
                     f"({done.stderr.strip()}).")
-
-
-def burst_bytes(value: str) -> int:
-  """The token bucket's size for a rate: it must hold a whole loopback packet (MTU
-  64 KiB) and ~10 ms of traffic. A transfer of B bytes takes at least
-  (B - burst) * 8 / rate seconds."""
-  return max(256 * 1024, int(rates.bits_per_second(value) / 8 / 100))
 
 
 def loopback_bytes() -> int:

@@ -4,8 +4,12 @@
 interface is its loopback (harness/netns.py), so the loopback's transmit counter
 is every byte the cluster's tasks sent one another: collectives, parameter-server
 reads and pushes, gRPC and TCP framing, coordination heartbeats. The chief reads
-it around the timed run; evaluations (which may reduce metrics over workers) are
-counted apart, so bytes_on_wire_per_step is what training steps send.
+it around the timed run; evaluations (which may reduce metrics over workers) and
+checkpoint saves (whose workers synchronise: ~95 KB a save for a 2-worker ResNet,
+3 KB a step of a 30-step run, a fifth of top-k compression's step) are counted
+apart, and so is the session's first training call (any one-time setup), so
+bytes_on_wire_per_step is what each further training step sends, as examples/s is
+measured over the calls after the first.
 
 Beside it the record states what the step's communication account predicts (the
 collectives traced in the step, with the ring algorithms' factors, plus each
@@ -22,25 +26,41 @@ from replibench.harness import netns
 
 
 class WireMeter:
-  """Counts the namespace's loopback bytes over one session's timed run."""
+  """Counts the namespace's loopback bytes over one session's timed run; evaluations
+  and checkpoint saves (which synchronise the workers) are counted apart."""
 
   def __init__(self, step: int):
     self.enabled = netns.inside()
     self._start = self._read()
-    self.eval_bytes = 0
-    self._mark = (step, self._start, 0)   # The last scalars(): step, counter, eval_bytes.
+    self.apart_bytes = {"eval": 0, "checkpoint": 0}
+    self._mark = (step, self._start, 0)   # The last scalars(): step, counter, apart bytes.
+    self._steady = None                   # After the first call: step, counter, apart bytes.
+    self._first_step = step
+
+  @property
+  def eval_bytes(self) -> int:
+    return self.apart_bytes["eval"]
+
+  def _apart(self) -> int:
+    return sum(self.apart_bytes.values())
+
+  def trained(self, step: int) -> None:
+    """Called after each training call; the first one ends the one-time setup."""
+    if self.enabled and self._steady is None:
+      self._steady = (step, self._read(), self._apart())
 
   def _read(self) -> int:
     return netns.loopback_bytes() if self.enabled else 0
 
   @contextlib.contextmanager
-  def evaluation(self):
-    """Counts the bytes sent inside this block as evaluation's, not training's."""
+  def counted_apart(self, kind: str):
+    """Counts the bytes sent inside this block as `kind`'s ('eval', 'checkpoint'), not
+    training's."""
     before = self._read()
     try:
       yield
     finally:
-      self.eval_bytes += self._read() - before
+      self.apart_bytes[kind] += self._read() - before
 
   def scalars(self, step: int) -> dict:
     """{'network/bytes_on_wire_per_step': training bytes per step since the last call}
@@ -48,30 +68,41 @@ class WireMeter:
     if not self.enabled:
       return {}
     now = self._read()
-    last_step, last_bytes, last_eval = self._mark
-    self._mark = (step, now, self.eval_bytes)
+    last_step, last_bytes, last_apart = self._mark
+    self._mark = (step, now, self._apart())
     if step <= last_step:
       return {}
-    sent = now - last_bytes - (self.eval_bytes - last_eval)
+    sent = now - last_bytes - (self._apart() - last_apart)
     return {"network/bytes_on_wire_per_step": sent / (step - last_step)}
 
   def record(self, steps: int, expected_per_step: float | None) -> dict | None:
     """result.json's `network` record for steps trained in this session (None outside
     a launched namespace).
 
-    bytes_on_wire: every byte the cluster sent in the timed run; eval_bytes: the
-    evaluations' share; bytes_on_wire_per_step: (bytes_on_wire - eval_bytes) / steps;
-    expected_bytes_per_step: the communication account's prediction for the whole
-    cluster; measured_over_expected: their ratio (protocol overhead and traffic the
-    account does not trace, such as heartbeats, make it exceed 1).
+    bytes_on_wire: every byte the cluster sent in the timed run; eval_bytes and
+    checkpoint_bytes: the evaluations' and checkpoint saves' shares; first_call_bytes: the first training call's (with the
+    collectives' one-time setup); bytes_on_wire_per_step: training bytes per step
+    after the first call (the whole run's average where it had one call only);
+    run_bytes_per_step: (bytes_on_wire - eval_bytes - checkpoint_bytes) / steps, the
+    first call included; expected_bytes_per_step: the communication account's prediction for
+    the whole cluster; measured_over_expected: bytes_on_wire_per_step over it
+    (protocol overhead and traffic the account does not trace, such as heartbeats,
+    make it exceed 1).
     """
     if not self.enabled:
       return None
-    total = self._read() - self._start
+    now = self._read()
+    total = now - self._start
     record = {"rate": netns.rate(), "bytes_on_wire": total, "eval_bytes": self.eval_bytes,
-              "steps": steps}
+              "checkpoint_bytes": self.apart_bytes["checkpoint"], "steps": steps}
     if steps > 0:
-      per_step = (total - self.eval_bytes) / steps
+      per_step = run_per_step = (total - self._apart()) / steps
+      first_step, at_first, apart_at_first = self._steady or (self._first_step, None, 0)
+      after = steps - (first_step - self._first_step)
+      if at_first is not None and after > 0:
+        record["first_call_bytes"] = at_first - self._start - apart_at_first
+        per_step = (now - at_first - (self._apart() - apart_at_first)) / after
+      record["run_bytes_per_step"] = round(run_per_step)
       record["bytes_on_wire_per_step"] = round(per_step)
       if expected_per_step:
         record["expected_bytes_per_step"] = round(expected_per_step)
@@ -92,6 +123,10 @@ def expected_per_step(account: dict | None, num_replicas: int) -> float | None:
   per worker task)."""
   if not account or account.get("wire_bytes_per_replica_per_step") is None:
     return None
-  overhead = (account.get("wire_messages_per_replica_per_step", 0)
-              * account.get("rpc_overhead_bytes_per_message", 0.0))
+  default = account.get("rpc_overhead_bytes_per_message", 0.0)
+  per_collective = account.get("rpc_overhead_bytes_by_collective") or {}
+  messages = account.get("wire_messages_by_collective") or {
+      "all_reduce": account.get("wire_messages_per_replica_per_step", 0)}
+  overhead = sum(count * per_collective.get(collective, default)
+                 for collective, count in messages.items())
   return (account["wire_bytes_per_replica_per_step"] + overhead) * num_replicas

@@ -46,26 +46,56 @@ def _profile(path: str) -> DeviceProfile:
 
 def format_prediction(p: dict) -> str:
   """Aligned lines: seconds per step and its parts, steps, time, critical batch."""
-  def interval(pair, fmt):
-    return f"[{fmt.format(pair[0])}, {fmt.format(pair[1])}]"
   rows = [
       ("workload", p["workload"]), ("device", p["device"]),
       ("replicas", f"{p['num_replicas']} on {p['hosts']} host(s), network {p['network']}"),
       ("global batch", f"{p['global_batch_size']} ({p['per_replica_batch_size']} per replica)"),
       ("seconds per step", f"{p['step_s']:.4g} (compute {p['compute_s']:.4g}, "
                            f"communication {p['comm_s']:.4g})"),
-      ("steps to target", f"{p['steps_to_target']:.0f} {interval(p['steps_interval'], '{:.0f}')}"
-                          + ("  EXTRAPOLATED beyond the fitted batches" if p["extrapolated_batch"]
-                             else "")),
-      ("evaluations", f"{p['evaluations']:.1f} x {p['eval_s']:.3g} s"),
-      ("time to target", f"{p['time_to_target_s']:.4g} s "
-                         f"{interval(p['time_interval_s'], '{:.4g}')} "
-                         f"({p['target_metric']} {p['target']})"),
-      ("critical batch", f"{p['critical_batch']:.0f} {interval(p['critical_batch_interval'], '{:.0f}')}"
-                         + (f"; noise scale B_simple {p['noise_scale_b_simple']:.0f}"
-                            if p["noise_scale_b_simple"] else "")),
+      ("steps to target", _steps_line(p)),
+      ("evaluations", f"{p['evaluations']:.1f} x {p['eval_s']:.3g} s" if p["eval_s"] else
+                      f"{p['evaluations']:.1f} (not timed: the efficiency file gives no seconds)"),
+      ("time to target", _time_line(p)),
+      ("critical batch", _critical_batch_line(p)),
   ]
+  if p["steps_bound"] == "at_most":
+    rows.append(("steps from", f"a published recipe, an upper bound: {p['steps_source']}"))
   if p["memory_ok"] is False:
     rows.append(("memory", "the float32 weights, gradients and slots exceed the device's memory"))
   width = max(len(k) for k, _ in rows)
   return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _interval(pair, fmt: str) -> str:
+  return f"[{fmt.format(pair[0])}, {fmt.format(pair[1])}]"
+
+
+def _estimate(p: dict, value: str, mean: str, run: str, fmt: str, unit: str = "") -> str:
+  """'v [mean interval]; one run [interval]', or 'at most v' for a published recipe."""
+  if p["steps_bound"] == "at_most":
+    return f"at most {fmt.format(p[value])}{unit}"
+  return (f"{fmt.format(p[value])}{unit} {_interval(p[mean], fmt)}; "
+          f"one run {_interval(p[run], fmt)}")
+
+
+def _steps_line(p: dict) -> str:
+  line = _estimate(p, "steps_to_target", "steps_interval", "run_steps_interval", "{:.0f}")
+  if p["steps_bound"] == "at_most":
+    line += " (the recipe's end)"
+  return line + ("  EXTRAPOLATED beyond the fitted batches" if p["extrapolated_batch"] else "")
+
+
+def _time_line(p: dict) -> str:
+  line = _estimate(p, "time_to_target_s", "time_interval_s", "run_time_interval_s", "{:.4g}",
+                   " s")
+  return f"{line} ({p['target_metric']} {p['target']})"
+
+
+def _critical_batch_line(p: dict) -> str:
+  if p["critical_batch"] is None:
+    line = (f"above {p['critical_batch_interval'][0]:.0f} (no diminishing returns up to the "
+            f"largest batch the source reports)")
+  else:
+    line = f"{p['critical_batch']:.0f} {_interval(p['critical_batch_interval'], '{:.0f}')}"
+  return line + (f"; noise scale B_simple {p['noise_scale_b_simple']:.0f}"
+                 if p["noise_scale_b_simple"] else "")

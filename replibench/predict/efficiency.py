@@ -35,14 +35,26 @@ class StepsFit:
   cov: tuple
   dof: int
   batches: tuple   # The batches the fit saw (min and max bound its trusted range).
+  relative_sd: float = 0.0   # One run's scatter about the fit, relative (seeds, float order).
 
   def steps(self, batch: float) -> tuple[float, float, float]:
     """(predicted steps, low, high) at global batch `batch`: a LEVEL interval for
-    the mean steps to target (seed-to-seed scatter about it is wider)."""
+    the mean steps to target (one run scatters more: run_steps)."""
+    mean, se = self._mean_and_se(batch)
+    half = _t(self.dof) * se
+    return mean, mean - half, mean + half
+
+  def run_steps(self, batch: float) -> tuple[float, float]:
+    """A LEVEL prediction interval for ONE run's steps to target at `batch`: the
+    mean's uncertainty and a run's own scatter about it (relative_sd)."""
+    mean, se = self._mean_and_se(batch)
+    half = _t(self.dof) * math.hypot(se, self.relative_sd * mean)
+    return mean - half, mean + half
+
+  def _mean_and_se(self, batch: float) -> tuple[float, float]:
     x = np.array([1.0, 1.0 / batch])
     mean = float(x @ np.array([self.s_min, self.s_min * self.b_crit]))
-    half = _t(self.dof) * math.sqrt(max(float(x @ np.array(self.cov) @ x), 0.0))
-    return mean, mean - half, mean + half
+    return mean, math.sqrt(max(float(x @ np.array(self.cov) @ x), 0.0))
 
   def b_crit_interval(self) -> tuple[float, float]:
     """A LEVEL interval for B_crit = c / a (delta method)."""
@@ -76,21 +88,55 @@ def fit_steps(batches, steps) -> StepsFit:
   cov = sigma_sq * np.linalg.inv(x.T @ x)
   a, c = (float(v) for v in coef)
   return StepsFit(s_min=a, b_crit=c / a, cov=tuple(map(tuple, cov.tolist())), dof=dof,
-                  batches=tuple(sorted(set(b.tolist()))))
+                  batches=tuple(sorted(set(b.tolist()))), relative_sd=math.sqrt(sigma_sq))
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRecipe:
+  """Steps to target from a published recipe instead of a sweep: a fixed number of
+  epochs that reached the target at every batch in `batches` (the source's perfect-
+  scaling range: Goyal et al. 2017 kept 90 epochs and ~76.3% up to batch 8k), so
+  steps(B) = epochs * train_examples / B there. The recipe ends at those steps; a
+  config whose target is easier than the recipe's final metric reaches it no later,
+  so steps are an upper bound (`at_most`). No interval: the source gives none."""
+
+  epochs: float
+  train_examples: int
+  batches: tuple
+  source: str
+  b_crit = None   # Not reached within the source's batches: no diminishing returns seen.
+
+  def steps(self, batch: float) -> tuple[float, float, float]:
+    steps = self.epochs * self.train_examples / batch
+    return steps, steps, steps
+
+  def run_steps(self, batch: float) -> tuple[float, float]:
+    return self.steps(batch)[1:]
+
+  def b_crit_interval(self) -> tuple[float, None]:
+    """At least the largest batch the source reports; no upper end."""
+    return max(self.batches), None
+
+  def extrapolates(self, batch: float) -> bool:
+    return not min(self.batches) <= batch <= max(self.batches)
 
 
 def load(path: str) -> dict:
-  """An efficiency file (JSON: workload, target, points, fit); UserError naming it."""
+  """An efficiency file (JSON: workload, target, and a sweep's `fit` or a `published`
+  recipe); UserError naming it."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such statistical-efficiency file. Make one from a batch-size "
                     f"sweep: python benchmarks/statistical_efficiency.py SWEEP_DIR --out={path}")
   try:
     with open(path, encoding="utf-8") as f:
       data = json.load(f)
-    fit = StepsFit(**{**data["fit"], "cov": tuple(map(tuple, data["fit"]["cov"])),
-                      "batches": tuple(data["fit"]["batches"])})
+    if "published" in data:
+      fit = PublishedRecipe(**{**data["published"], "batches": tuple(data["published"]["batches"])})
+    else:
+      fit = StepsFit(**{**data["fit"], "cov": tuple(map(tuple, data["fit"]["cov"])),
+                        "batches": tuple(data["fit"]["batches"])})
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UserError(f"{path}: not a statistical-efficiency file ({type(e).__name__}: {e}); "
-                    f"it needs 'workload', 'target' and 'fit' with s_min, b_crit, cov, dof, "
-                    f"batches.") from e
+                    f"it needs 'workload', 'target' and either 'fit' (s_min, b_crit, cov, dof, "
+                    f"batches) or 'published' (epochs, train_examples, batches, source).") from e
   return {**data, "fit": fit}

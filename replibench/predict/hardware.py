@@ -13,7 +13,13 @@ The all-reduce is a ring within a host and, across hosts, a ring over the hosts
 crosses its in-host link 2(d-1)/d times and its host's network link 2(H-1)/H
 times, with d devices per host and H hosts. A `shared_link` profile (one machine's
 emulated cluster, `replibench launch --network`) has one link for all traffic:
-the whole ring's 2(N-1) M bytes pass through it.
+the whole ring's 2(N-1) M bytes pass through it. That link is a token bucket (tc
+tbf): while the step computes, the link idles and its bucket refills, up to
+link_burst_bytes, which then pass at once; only the rest waits for the rate.
+Where more replicas than `shared_cores` share a machine's cores, compute and every
+hop's latency slow by the core share (a hop waits for its peer to be scheduled:
+benchmarks/calibrate_collectives.py measured 1.8 ms a hop for 4 workers on 2
+cores against 1.0 ms for 2).
 
 A DeviceProfile is one replica's device. Every number comes from a spec sheet or a
 measurement; each profile file's header says which.
@@ -43,6 +49,7 @@ class DeviceProfile:
   inter_host_bytes_per_s: float = math.inf  # Per host network link.
   inter_host_latency_s: float = 0.0
   shared_link: bool = False                 # One link for the whole cluster.
+  link_burst_bytes: float = 0.0             # A token-bucket link's depth (tc tbf burst).
   shared_cores: int = 0                     # > 0: devices share this many cores.
 
   def __post_init__(self):
@@ -81,26 +88,31 @@ def compute_seconds(profile: DeviceProfile, flops_per_example: float, per_replic
 
 
 def allreduce_seconds(profile: DeviceProfile, payload_bytes: float, collectives: int,
-                      num_replicas: int) -> float:
-  """A step's all-reduces: `collectives` of them, payload_bytes per replica in all."""
+                      num_replicas: int, idle_s: float = 0.0) -> float:
+  """A step's all-reduces: `collectives` of them, payload_bytes per replica in all;
+  idle_s: how long the link idles in a step (its compute), refilling a token bucket."""
   n = num_replicas
   if n <= 1:
     return 0.0
   d = min(profile.devices_per_host, n)
   hosts = math.ceil(n / d)
+  share = profile.core_share(n)
   if profile.shared_link:
-    return (collectives * 2 * (n - 1) * profile.inter_host_latency_s
-            + 2 * (n - 1) * payload_bytes / profile.inter_host_bytes_per_s)
+    rate = profile.inter_host_bytes_per_s
+    burst = min(profile.link_burst_bytes, rate * idle_s)
+    return (collectives * 2 * (n - 1) * profile.inter_host_latency_s / share
+            + max(0.0, 2 * (n - 1) * payload_bytes - burst) / rate)
   latency = 2 * (d - 1) * profile.intra_host_latency_s + 2 * (hosts - 1) * profile.inter_host_latency_s
   moved = (2 * (d - 1) / d * payload_bytes / profile.intra_host_bytes_per_s
            + 2 * (hosts - 1) / hosts * payload_bytes / profile.inter_host_bytes_per_s)
-  return collectives * latency + moved
+  return collectives * latency / share + moved
 
 
 def step_time(profile: DeviceProfile, flops_per_example: float, global_batch: int,
               num_replicas: int, payload_bytes: float, collectives: int) -> StepTime:
   """Seconds per step of a synchronous step on num_replicas replicas of profile."""
-  return StepTime(
-      compute_s=compute_seconds(profile, flops_per_example, global_batch / num_replicas,
-                                num_replicas),
-      comm_s=allreduce_seconds(profile, payload_bytes, collectives, num_replicas))
+  compute = compute_seconds(profile, flops_per_example, global_batch / num_replicas,
+                            num_replicas)
+  return StepTime(compute_s=compute,
+                  comm_s=allreduce_seconds(profile, payload_bytes, collectives, num_replicas,
+                                           idle_s=compute))

@@ -27,19 +27,25 @@ class Question:
 
 
 def with_network(profile: DeviceProfile, network: str) -> DeviceProfile:
-  """profile with its host link at rate `network` (tc units, e.g. 100mbit)."""
+  """profile with its host link at rate `network` (tc units, e.g. 100mbit), or the
+  profile's own link where that is slower. A shared link is `replibench launch
+  --network`'s emulation: a token bucket of rates.token_bucket_bytes(network)."""
   if network in (None, "", "none"):
     return profile
   if not rates.is_rate(network):
     raise UserError(f"--network={network}: not a rate; use tc's units (10gbit, 1gbit, "
                     f"100mbit) or 'none'.")
-  return dataclasses.replace(profile, inter_host_bytes_per_s=rates.bits_per_second(network) / 8)
+  return dataclasses.replace(
+      profile,
+      inter_host_bytes_per_s=min(rates.bits_per_second(network) / 8,
+                                 profile.inter_host_bytes_per_s),
+      link_burst_bytes=rates.token_bucket_bytes(network) if profile.shared_link else 0.0)
 
 
 def predict(question: Question, efficiency: dict) -> dict:
   """The prediction as a JSON-able dict (seconds, steps, examples)."""
   plan, n = question.plan, question.num_replicas
-  _check_matches(plan, efficiency)
+  bound = _steps_bound(plan, efficiency)
   profile = with_network(question.profile, question.network)
   batch = plan["global_batch_size"]
   if batch % n:
@@ -50,6 +56,7 @@ def predict(question: Question, efficiency: dict) -> dict:
                    account.get("collectives_per_step", 1))
   fit = efficiency["fit"]
   steps, steps_low, steps_high = fit.steps(batch)
+  run_low, run_high = fit.run_steps(batch)
   evaluations = steps / plan["eval_every_steps"]
   eval_s = _eval_seconds(efficiency, profile, n)
   total = lambda s: s * step.step_s + s / plan["eval_every_steps"] * eval_s  # noqa: E731
@@ -59,24 +66,37 @@ def predict(question: Question, efficiency: dict) -> dict:
       "hosts": -(-n // profile.devices_per_host), "network": question.network,
       "global_batch_size": batch, "per_replica_batch_size": batch // n,
       "step_s": step.step_s, "compute_s": step.compute_s, "comm_s": step.comm_s,
-      "steps_to_target": steps, "steps_interval": [steps_low, steps_high],
+      "steps_to_target": steps, "steps_interval": [steps_low, steps_high], "steps_bound": bound,
       "extrapolated_batch": fit.extrapolates(batch),
       "evaluations": evaluations, "eval_s": eval_s,
+      "run_steps_interval": [run_low, run_high],
       "time_to_target_s": total(steps), "time_interval_s": [total(steps_low), total(steps_high)],
+      "run_time_interval_s": [total(run_low), total(run_high)],
       "critical_batch": fit.b_crit, "critical_batch_interval": [b_low, b_high],
+      "steps_source": (efficiency.get("published") or {}).get("source") or efficiency.get("source"),
       "noise_scale_b_simple": (efficiency.get("noise_scale") or {}).get("b_simple"),
       "memory_ok": _fits_memory(plan, profile),
       "target": plan["target"], "target_metric": plan["target_metric"],
   }
 
 
-def _check_matches(plan: dict, efficiency: dict) -> None:
-  if (efficiency.get("workload"), efficiency.get("target")) != (plan["workload"], plan["target"]):
-    raise UserError(
-        f"{efficiency.get('path', 'the efficiency file')} fits {efficiency.get('workload')!r} to "
-        f"target {efficiency.get('target')!r}, but the config is {plan['workload']!r} with "
-        f"target {plan['target']!r}: steps to one target say nothing about another. Use the "
-        f"file made from this config's batch-size sweep (--efficiency=...).")
+def _steps_bound(plan: dict, efficiency: dict) -> str:
+  """'exact' where the efficiency file was measured to the config's target; 'at_most'
+  where it is a published recipe whose final metric is at least as good as the target
+  (the recipe reaches it by its end, perhaps sooner). UserError otherwise."""
+  published = efficiency.get("published")
+  if efficiency.get("workload") == plan["workload"]:
+    if efficiency.get("target") == plan["target"]:
+      return "at_most" if published else "exact"
+    sign = 1 if efficiency.get("higher_is_better", True) else -1
+    if published and sign * (efficiency["target"] - plan["target"]) > 0:
+      return "at_most"
+  raise UserError(
+      f"{efficiency.get('path', 'the efficiency file')} fits {efficiency.get('workload')!r} to "
+      f"target {efficiency.get('target')!r}, but the config is {plan['workload']!r} with "
+      f"target {plan['target']!r}: steps to one target say nothing about another (a "
+      f"published recipe covers only targets no harder than its final metric). Use the "
+      f"file made from this config's batch-size sweep (--efficiency=...).")
 
 
 def _eval_seconds(efficiency: dict, profile: DeviceProfile, num_replicas: int) -> float:
