@@ -13,8 +13,9 @@ all-reduces in the same order and sizes, 10 times, back to back, no compute besi
 them, so a token-bucket link's burst helps only the first). Payloads vary with the
 ResNet's widths (one packed gradient all-reduce of 0.3 to 4.9 MB), participants with
 --workers, bandwidth with --network. It prints every point against the predictor's
-model with --device_profile, and fits latency and bandwidth per network and worker
-count by least squares.
+model with --device_profile, and fits latency and bandwidth by least squares per
+network and worker count, and per network over all worker counts (the bandwidth
+calibrate_device.py's --loopback_mbit takes).
 
   .venv/bin/python benchmarks/calibrate_collectives.py \
     --device_profile=configs/devices/epyc_avx512_core.gin --workers=2,4 --networks=none,100mbit
@@ -95,6 +96,7 @@ def main() -> int:
         f"{'measured ms':>11s} {'model ms':>9s} {'ratio':>6s}", flush=True)
   for network in args.networks.split(","):
     profile = load_profile(os.path.join(REPO, args.device_profile), network)
+    every = []   # All worker counts' points: the link's bandwidth (the profile's figure).
     for n in (int(w) for w in args.workers.split(",")):
       points = []
       for width in args.widths.split(","):
@@ -112,6 +114,10 @@ def main() -> int:
             f"{bandwidth * 8 / 1e6:,.0f} Mbit/s (profile: {profile.inter_host_latency_s * 1e3:.3f}"
             f" ms x {1 / profile.core_share(n):g}, {profile.inter_host_bytes_per_s * 8 / 1e6:,.0f}"
             f" Mbit/s)", flush=True)
+      every += points
+    latency, bandwidth = fit(every)
+    print(f"{network:>8s} all fit: latency {latency * 1e3:.3f} ms a hop, bandwidth "
+          f"{bandwidth * 8 / 1e6:,.0f} Mbit/s", flush=True)
   return 0
 
 

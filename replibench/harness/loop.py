@@ -140,7 +140,6 @@ class _Run:
       outputs = self.train()
       step = int(self.step.assign_add(exp.steps_per_call).numpy())
       meter.trained(exp.steps_per_call, time.monotonic() - t0)
-      self.wire.trained(step)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)

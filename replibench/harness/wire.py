@@ -7,9 +7,7 @@ reads and pushes, gRPC and TCP framing, coordination heartbeats. The chief reads
 it around the timed run; evaluations (which may reduce metrics over workers) and
 checkpoint saves (whose workers synchronise: ~95 KB a save for a 2-worker ResNet,
 3 KB a step of a 30-step run, a fifth of top-k compression's step) are counted
-apart, and so is the session's first training call (any one-time setup), so
-bytes_on_wire_per_step is what each further training step sends, as examples/s is
-measured over the calls after the first.
+apart, so bytes_on_wire_per_step is what training steps send.
 
 Beside it the record states what the step's communication account predicts (the
 collectives traced in the step, with the ring algorithms' factors, plus each
@@ -34,8 +32,6 @@ class WireMeter:
     self._start = self._read()
     self.apart_bytes = {"eval": 0, "checkpoint": 0}
     self._mark = (step, self._start, 0)   # The last scalars(): step, counter, apart bytes.
-    self._steady = None                   # After the first call: step, counter, apart bytes.
-    self._first_step = step
 
   @property
   def eval_bytes(self) -> int:
@@ -43,11 +39,6 @@ class WireMeter:
 
   def _apart(self) -> int:
     return sum(self.apart_bytes.values())
-
-  def trained(self, step: int) -> None:
-    """Called after each training call; the first one ends the one-time setup."""
-    if self.enabled and self._steady is None:
-      self._steady = (step, self._read(), self._apart())
 
   def _read(self) -> int:
     return netns.loopback_bytes() if self.enabled else 0
@@ -80,29 +71,19 @@ class WireMeter:
     a launched namespace).
 
     bytes_on_wire: every byte the cluster sent in the timed run; eval_bytes and
-    checkpoint_bytes: the evaluations' and checkpoint saves' shares; first_call_bytes: the first training call's (with the
-    collectives' one-time setup); bytes_on_wire_per_step: training bytes per step
-    after the first call (the whole run's average where it had one call only);
-    run_bytes_per_step: (bytes_on_wire - eval_bytes - checkpoint_bytes) / steps, the
-    first call included; expected_bytes_per_step: the communication account's prediction for
-    the whole cluster; measured_over_expected: bytes_on_wire_per_step over it
-    (protocol overhead and traffic the account does not trace, such as heartbeats,
-    make it exceed 1).
+    checkpoint_bytes: the evaluations' and checkpoint saves' shares;
+    bytes_on_wire_per_step: (bytes_on_wire - eval_bytes - checkpoint_bytes) / steps;
+    expected_bytes_per_step: the communication account's prediction for the whole
+    cluster; measured_over_expected: their ratio (protocol overhead and traffic the
+    account does not trace, such as heartbeats, make it exceed 1).
     """
     if not self.enabled:
       return None
-    now = self._read()
-    total = now - self._start
+    total = self._read() - self._start
     record = {"rate": netns.rate(), "bytes_on_wire": total, "eval_bytes": self.eval_bytes,
               "checkpoint_bytes": self.apart_bytes["checkpoint"], "steps": steps}
     if steps > 0:
-      per_step = run_per_step = (total - self._apart()) / steps
-      first_step, at_first, apart_at_first = self._steady or (self._first_step, None, 0)
-      after = steps - (first_step - self._first_step)
-      if at_first is not None and after > 0:
-        record["first_call_bytes"] = at_first - self._start - apart_at_first
-        per_step = (now - at_first - (self._apart() - apart_at_first)) / after
-      record["run_bytes_per_step"] = round(run_per_step)
+      per_step = (total - self._apart()) / steps
       record["bytes_on_wire_per_step"] = round(per_step)
       if expected_per_step:
         record["expected_bytes_per_step"] = round(expected_per_step)
