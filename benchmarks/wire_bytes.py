@@ -24,6 +24,9 @@ REGIMES = {
     "sync": [],
     "compressed_8bit": ["Experiment.regime = @regimes.Compressed()",
                         "regimes.Compressed.bits = 8"],
+    "compressed_8bit_two_pass": ["Experiment.regime = @regimes.Compressed()",
+                                 "regimes.Compressed.bits = 8",
+                                 "regimes.Compressed.wire = 'two_pass'"],
     "compressed_top1pct": ["Experiment.regime = @regimes.Compressed()",
                            "regimes.Compressed.top_k = 0.01"],
     "local_sgd_H4": ["Experiment.regime = @regimes.LocalSGD()", "regimes.LocalSGD.sync_every = 4"],
@@ -57,7 +60,7 @@ def row(regime: str, workers: int, result: dict, sync_bytes: float | None) -> st
   payload = result["regime_metrics"].get("regime/bytes_communicated")
   ratio = f"{measured / expected:.3f}" if expected else "-"
   vs_sync = f"{measured / sync_bytes:.3f}" if sync_bytes else "-"
-  return (f"{regime:20s} {workers:3d} {measured:14,.0f} {expected or 0:14,.0f} {ratio:>8s} "
+  return (f"{regime:24s} {workers:3d} {measured:14,.0f} {expected or 0:14,.0f} {ratio:>8s} "
           f"{payload or 0:14,.0f} {vs_sync:>8s}")
 
 
@@ -67,7 +70,7 @@ def main():
   parser.add_argument("--steps", type=int, default=25)
   parser.add_argument("--regimes", default=",".join(REGIMES))
   args = parser.parse_args()
-  print(f"{'regime':20s} {'W':>3s} {'measured B/step':>14s} {'expected B/step':>14s} "
+  print(f"{'regime':24s} {'W':>3s} {'measured B/step':>14s} {'expected B/step':>14s} "
         f"{'ratio':>8s} {'regime payload':>14s} {'vs sync':>8s}", flush=True)
   for workers in (int(w) for w in args.workers.split(",")):
     sync_bytes = None

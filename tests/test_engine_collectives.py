@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
+from replibench.engine import collectives
 from tests import helpers
 
 
@@ -41,6 +42,20 @@ def test_all_gather(n, shape, dtype):
     want = np.concatenate(values, axis=axis)
     for got in helpers.replicated(n, lambda x, a=axis: engine.all_gather(x, axis=a), values):
       np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_all_to_all_sends_each_row_to_its_owner(n, dtype):
+  values = _per_replica_inputs(n, (n, 3), dtype)   # Replica i's row j goes to replica j.
+  got = helpers.replicated(n, collectives.all_to_all, values)
+  for j in range(n):
+    np.testing.assert_array_equal(got[j], np.stack([values[i][j] for i in range(n)]))
+
+
+def test_all_to_all_needs_a_row_per_replica():
+  with pytest.raises(ValueError, match="one row per replica"):
+    helpers.replicated(2, collectives.all_to_all, [np.zeros((3, 2), np.float32)] * 2)
 
 
 @pytest.mark.parametrize("n,shape,dtype", CASES)

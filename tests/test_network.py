@@ -81,15 +81,25 @@ def test_a_rate_without_tc_is_an_error_before_anything_runs(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("network", ["none", "100mbit"])
-def test_a_launched_cluster_reports_its_bytes_on_the_wire(tmp_path, network):
+# The unlimited run also takes the compressed two-pass wire through a real cluster:
+# its all-to-all and gathers between processes, and their overheads in the account.
+TWO_PASS = ["Experiment.regime = @regimes.Compressed()", "regimes.Compressed.bits = 8",
+            "regimes.Compressed.wire = 'two_pass'"]
+
+
+@pytest.mark.parametrize("network,regime", [("none", TWO_PASS), ("100mbit", [])],
+                         ids=["none-two_pass", "100mbit-sync"])
+def test_a_launched_cluster_reports_its_bytes_on_the_wire(tmp_path, network, regime):
   config = "configs/resnet/fashion_mnist.gin"
   run = helpers.cli("launch", "--workers=2", f"--network={network}", "--timeout=500", "--",
                     "run", f"--gin_file={config}", "--gin_file=configs/topology/workers.gin",
                     "--gin_bindings=topology.MultiWorker.workers = 2",
-                    *(f"--gin_bindings={b}" for b in helpers.TINY[config]),
+                    *(f"--gin_bindings={b}" for b in [*helpers.TINY[config], *regime]),
                     f"--workdir={tmp_path}")
   assert run.returncode == 0, helpers.failure_report(run)
+  if regime:
+    overheads = helpers.result(tmp_path).communication["rpc_overhead_bytes_by_collective"]
+    assert {"all_to_all", "all_gather"} <= set(overheads)
   wire = helpers.result(tmp_path).network
   assert wire["rate"] == network and wire["steps"] == helpers.result(tmp_path).final_step
   assert wire["bytes_on_wire"] > wire["eval_bytes"] >= 0

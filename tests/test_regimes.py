@@ -215,7 +215,10 @@ def test_compressed_8_bit_trains_close_to_sync():
     lambda: regimes.LocalSGD(sync_every=0), lambda: regimes.LocalSGD(sync_every=2.0),
     lambda: regimes.Compressed(), lambda: regimes.Compressed(bits=8, top_k=0.1),
     lambda: regimes.Compressed(bits=17), lambda: regimes.Compressed(top_k=0.0),
-    lambda: regimes.Compressed(top_k=1.5), lambda: regimes.Gossip(graph="star"), lambda: regimes.RandomMatching(seed=1.5)])
+    lambda: regimes.Compressed(top_k=1.5), lambda: regimes.Compressed(bits=8, wire="ring"),
+    lambda: regimes.Compressed(top_k=0.1, wire="two_pass"),
+    lambda: regimes.Gossip(compression=regimes.Compressed(bits=8, wire="two_pass")),
+    lambda: regimes.Gossip(graph="star"), lambda: regimes.RandomMatching(seed=1.5)])
 def test_bad_settings_are_user_errors(make):
   with pytest.raises(UserError, match="regimes\\."):
     make()
@@ -224,7 +227,8 @@ def test_bad_settings_are_user_errors(make):
 CONFIG = "configs/resnet/fashion_mnist.gin"
 HARNESS_CASES = [
     ("LocalSGD", ["regimes.LocalSGD.sync_every = 2"], ["regime/bytes_communicated"]),
-    ("Compressed", ["regimes.Compressed.bits = 8"],
+    # The two-pass wire (the packed sum is the unit tests' and the configs' default).
+    ("Compressed", ["regimes.Compressed.bits = 8", "regimes.Compressed.wire = 'two_pass'"],
      ["regime/bytes_communicated", "regime/compression_ratio"]),
     ("Gossip", ["regimes.Gossip.graph = @regimes.Ring()"],
      ["regime/bytes_communicated", "regime/consensus_distance"]),

@@ -15,8 +15,9 @@ account of the step being traced (engine/communication.py).
 `pair_all_reduce` is the neighbour exchange: TensorFlow's V2 collective ops
 (CollectiveReduceV2) take their group as run-time tensors, so two replicas
 chosen at run time all-reduce between themselves alone, in a group of two,
-under MirroredStrategy and MultiWorkerMirroredStrategy alike. Its collective
-keys live above tf.distribute's (see _PairKeys).
+under MirroredStrategy and MultiWorkerMirroredStrategy alike. `all_to_all`
+(CollectiveAllToAllV2, which tf.distribute does not wrap) sends each replica its
+own slice. Their collective keys live above tf.distribute's (see _PairKeys).
 """
 
 import contextlib
@@ -203,6 +204,35 @@ def pair_all_reduce(x, partner, kind: str = "parameters"):
   return tf.stack(sums) if partner.shape.rank == 1 else sums[0]
 
 
+def all_to_all(x, kind: str = "gradients"):
+  """Row j of x goes to replica j: the result's row i is what replica i sent this one.
+
+  x: a tensor [num_replicas(), ...], of the same shape and dtype on every
+  replica. One CollectiveAllToAllV2 over all replicas: each sends each other
+  replica its row directly, (n-1)/n of x on the wire (a reduce-scatter's
+  traffic, without summing in transit: the receiver sums, so integer levels
+  need no headroom bits on the way). tf.distribute's replica context has no
+  all-to-all, so the op runs with keys of its own, as pair_all_reduce does.
+  Not available inside `replica_group` (engine.ps).
+  """
+  if _GROUPS:
+    raise NotImplementedError("all_to_all needs a tf.distribute replica context; "
+                              "it is not available inside replica_group().")
+  x = tf.identity(x)   # Placed on this replica's device (see pair_all_reduce).
+  n = num_replicas()
+  if x.shape.rank is None or x.shape[0] != n:
+    raise ValueError(f"all_to_all takes one row per replica: shape [{n}, ...], got {x.shape}.")
+  if n == 1:
+    return x
+  communication.record(kind, x, collective="all_to_all")
+  keys = _pair_keys()
+  return tf.raw_ops.CollectiveAllToAllV2(
+      input=x, group_size=n, group_key=keys.everyone(),
+      instance_key=keys.next_instance(replica_id()),
+      ordering_token=[_unordered_token(x.device)], communication_hint="auto",
+      timeout_seconds=0)
+
+
 def _pair_sum(x: tf.Tensor, me: tf.Tensor, partner: tf.Tensor, keys: "_PairKeys",
               instance_key: int) -> tf.Tensor:
   """x + partner's x through a group-of-2 CollectiveReduceV2; x where partner == me."""
@@ -248,7 +278,8 @@ def _unordered_token(device: str) -> tf.Tensor:
 _PAIR_GROUP_BASE = 1 << 30
 _PAIRS = 1 << 16                  # Pair keys hi * (hi - 1) / 2 + lo: up to 362 replicas,
 _MAX_PAIR_REPLICAS = 362
-_KEYS_PER_STRATEGY = 2 * _PAIRS   # then one key per replica for its group of one.
+_KEYS_PER_STRATEGY = 2 * _PAIRS   # then one key per replica for its group of one, and
+                                  # the last for all replicas together (all_to_all).
 _PAIR_INSTANCE_BASE = 1 << 20     # Instance keys are scoped by group key; any start works.
 
 
@@ -270,6 +301,10 @@ class _PairKeys:
   def single(self, a: tf.Tensor) -> tf.Tensor:
     """The group key of replica a alone."""
     return self.base + _PAIRS + a
+
+  def everyone(self) -> int:
+    """The group key of all the strategy's replicas (all_to_all), above the singles'."""
+    return self.base + _KEYS_PER_STRATEGY - 1
 
   def next_instance(self, replica: tf.Tensor) -> int:
     """replica's next instance key, taken when tracing.

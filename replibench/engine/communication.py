@@ -9,11 +9,12 @@ active Ledger with its kind and payload (bytes one replica contributes):
   parameters  parameter / optimizer-state exchange (local SGD, gossip)
   other       anything else a step_fn all-reduces or gathers
 
-Each entry also names its collective (all_reduce, all_gather) and the replicas
+Each entry also names its collective (all_reduce, all_gather, all_to_all) and the replicas
 taking part (None: all of them; 2 for gossip's pairwise exchange), from which
 wire_bytes gives the bytes each replica puts on the wire with the ring
 algorithms TF's collectives use (CommunicationImplementation.RING): 2(n-1)/n
-times the payload for an all-reduce of n, (n-1) times it for an all-gather.
+times the payload for an all-reduce of n, (n-1) times it for an all-gather,
+(n-1)/n for an all-to-all (each replica's rows go straight to their owners).
 That is what `launch --network` measures on the cluster's loopback.
 
 CompiledStep.communication() turns a ledger into result.json's `communication`
@@ -38,8 +39,9 @@ import time
 import tensorflow as tf
 
 KINDS = ("gradients", "batch_norm", "outputs", "parameters", "other")
-COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveBcastSendV2",
-                  "CollectiveBcastRecvV2", "CollectiveReduce", "CollectiveGather")
+COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2",
+                  "CollectiveBcastSendV2", "CollectiveBcastRecvV2", "CollectiveReduce",
+                  "CollectiveGather")
 
 _LEDGERS: list = []   # A stack; MirroredStrategy traces each replica in a thread of its own.
 
@@ -78,20 +80,23 @@ class Entry(collections.namedtuple("Entry", "kind payload collective group_size 
   average every H steps)."""
 
   def wire_bytes(self, num_replicas: int) -> float:
-    """Bytes one participating replica sends for this collective (ring algorithms)."""
+    """Bytes one participating replica sends for this collective (ring algorithms;
+    an all-to-all sends each other replica its row: (n-1)/n of the payload)."""
     n = self.group_size or num_replicas
     if n <= 1:
       return 0.0
-    factor = (n - 1) if self.collective == "all_gather" else 2.0 * (n - 1) / n
+    factor = {"all_gather": n - 1, "all_to_all": (n - 1) / n}.get(
+        self.collective, 2.0 * (n - 1) / n)
     return factor * self.payload
 
   def messages(self, num_replicas: int) -> int:
     """Transfers one participating replica sends: a ring all-gather passes n-1 chunks
-    on, a ring all-reduce 2(n-1) (reduce-scatter, then all-gather)."""
+    on, an all-to-all sends n-1 rows, a ring all-reduce 2(n-1) (reduce-scatter, then
+    all-gather)."""
     n = self.group_size or num_replicas
     if n <= 1:
       return 0
-    return (n - 1) if self.collective == "all_gather" else 2 * (n - 1)
+    return 2 * (n - 1) if self.collective == "all_reduce" else n - 1
 
 
 _SHARE = threading.local()   # Per tracing thread: the share every() sets (1.0 outside).
@@ -163,23 +168,28 @@ def graph_collectives(concrete_function) -> int:
   return count
 
 
-def replay(strategy, entries: list[Entry], repeats: int = 10, wire_counter=None) -> dict:
+def replay(strategy, entries: list[Entry], repeats: int = 10, wire_counter=None,
+           all_to_all=None) -> dict:
   """The entries' collectives run alone, in order, on strategy's replicas, with the
   same bytes (every replica of a multi-worker cluster must call this together):
   {'seconds': per replay, a lower bound on the step's communication time}; with
   wire_counter (a callable: bytes sent so far on the cluster's link), also what each
   transfer costs on the wire beyond its payload (request, framing, TCP), from the
   bytes counted during the replays, per collective ('rpc_overhead_bytes_by_collective':
-  all-reduces and all-gathers replay apart, so each one's overhead is measured on
-  its own transfers) and the all-reduce's (or else the gather's) as
-  'rpc_overhead_bytes_per_message'."""
+  each kind of collective replays apart, so each one's overhead is measured on its
+  own transfers) and the all-reduce's (or else the first measured) as
+  'rpc_overhead_bytes_per_message'. all_to_all: the engine's all_to_all(x) (x
+  [num_replicas, ...]; this module cannot import the collectives that record into it),
+  needed when the entries hold all-to-alls."""
   found = {"seconds": 0.0}
-  for collective in ("all_reduce", "all_gather"):
+  ops = dict(_REPLAYED, **({"all_to_all": _rows(all_to_all)} if all_to_all else {}))
+  for collective, op in ops.items():
     # Pairwise (group_size 2) exchanges are replayed over all replicas: an upper bound.
     sizes = [max(1, e.payload // 4) for e in entries
              if e.kind != "outputs" and e.collective == collective]
     if sizes:
-      seconds, overhead = _replay_chain(strategy, collective, sizes, repeats, wire_counter)
+      seconds, overhead = _replay_chain(strategy, collective, op, sizes, repeats,
+                                        wire_counter)
       found["seconds"] += seconds
       if overhead is not None:
         found.setdefault("rpc_overhead_bytes_by_collective", {})[collective] = overhead
@@ -190,16 +200,41 @@ def replay(strategy, entries: list[Entry], repeats: int = 10, wire_counter=None)
   return found
 
 
-def _replay_chain(strategy, collective: str, sizes: list[int], repeats: int, wire_counter):
+# How each collective is replayed on a float32 [size] value, in replica context.
+_REPLAYED = {"all_reduce": lambda ctx, value: ctx.all_reduce("sum", value),
+             "all_gather": lambda ctx, value: ctx.all_gather(value, axis=0)}
+
+
+def _rows(all_to_all):
+  """A replay op sending value as num_replicas rows (size rounded up to a multiple)."""
+  def op(ctx, value):
+    n = ctx.num_replicas_in_sync
+    size = value.shape[0]
+    rows = tf.reshape(tf.pad(value, [[0, -size % n]]), [n, -1])
+    return all_to_all(rows)
+  return op
+
+
+def _replayed_payloads(collective: str, sizes: list[int], n: int) -> list[Entry]:
+  """What a replay of these float32 sizes sends, as entries: an all-to-all pads each
+  to n rows; an all-gather first gathers its tensor's shape (an int32 [1] here), as
+  collectives.all_gather records for a step's gathers."""
+  if collective == "all_to_all":
+    sizes = [size + (-size % n) for size in sizes]
+  replayed = [Entry("other", 4 * size, collective, None, 1.0) for size in sizes]
+  if collective == "all_gather":
+    replayed += [Entry("other", 4, collective, None, 1.0) for _ in sizes]
+  return replayed
+
+
+def _replay_chain(strategy, collective: str, op, sizes: list[int], repeats: int,
+                  wire_counter):
   """(seconds per replay, overhead bytes per transfer or None) of a chain of float32
   collectives of these sizes (entries), each waiting for the last, as a step's do."""
   def chain():
     ctx, x = tf.distribute.get_replica_context(), tf.constant(0.0)
     for size in sizes:
-      value = tf.fill([size], x * 0.0)
-      out = (ctx.all_reduce("sum", value) if collective == "all_reduce"
-             else ctx.all_gather(value, axis=0))
-      x = tf.reduce_sum(out)
+      x = tf.reduce_sum(op(ctx, tf.fill([size], x * 0.0)))
     return x
 
   run = tf.function(lambda: strategy.run(chain))
@@ -213,12 +248,7 @@ def _replay_chain(strategy, collective: str, sizes: list[int], repeats: int, wir
   if not wire_counter or n <= 1:
     return seconds, None
   counted = (wire_counter() - sent) / repeats
-  # What the replay sends over the whole cluster by the ring formulas; an all-gather
-  # first gathers its tensor's shape (an int32 [1] here), as collectives.all_gather
-  # records for a step's gathers.
-  replayed = [Entry("other", 4 * size, collective, None, 1.0) for size in sizes]
-  if collective == "all_gather":
-    replayed += [Entry("other", 4, collective, None, 1.0) for _ in sizes]
+  replayed = _replayed_payloads(collective, sizes, n)
   payload = n * sum(e.wire_bytes(n) for e in replayed)
   messages = n * sum(e.messages(n) for e in replayed)
   return seconds, round(max(0.0, counted - payload) / messages, 1)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster, communication
+from replibench.engine import cluster, collectives, communication
 from replibench.engine.regimes.base import Regime, Sync
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
@@ -105,7 +105,8 @@ class CompiledStep:
           graph_ops - outputs + outputs / self.steps_per_call, 3)
     if time_collectives:
       alone = communication.replay(self.replicator.strategy, entries,
-                                   wire_counter=wire_counter)
+                                   wire_counter=wire_counter,
+                                   all_to_all=collectives.all_to_all)
       account["collective_s_per_step"] = round(alone.pop("seconds"), 6)
       account.update(alone)
     return account

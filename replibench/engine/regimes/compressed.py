@@ -16,8 +16,8 @@ global sum, as under Sync. Per tensor x = g + e:
                   sparsified) value; a per-replica variable (ON_READ: each
                   replica keeps its own).
 
-The wire formats (tf.distribute has only dense sums and gathers, so both are
-built from those, through collectives.all_reduce / all_gather):
+The wire formats (tf.distribute has only dense sums and gathers, so these are
+built from those and TF's all-to-all, through the engine's collectives):
 
   bits   each entry is an integer level l in [0, L], L = 2**b - 1, with value
          l * 2s/L - s. With one s for all replicas the sum dequantizes exactly:
@@ -32,7 +32,15 @@ built from those, through collectives.all_reduce / all_gather):
          the gather sends (n-1) bytes an entry against <= 2 x 8/fields (2.0 at
          b=8, n=4) and grows with n, the packed sum only by its log2(n) headroom
          bits; and TF's CollectiveGatherV2 takes no int8 (float16/32/64, int32,
-         int64 only), so int8 levels would need packing anyway.
+         int64 only), so int8 levels would need packing anyway. This is
+         wire='packed_sum', the default: the optimizer sees exactly the sum of
+         the replicas' C(x).
+  bits,  wire='two_pass' (two_pass.py): an all-to-all sends each replica's block
+         of b-bit levels to its owner, which sums them, rounds the sum again to
+         b bits (with error feedback of its own) and all-gathers it back: b bits
+         an entry both ways, 0.25x Sync's bytes at b=8 whatever n (packed_sum:
+         0.29x at n=2, 0.33x at n=4), for a second rounding and one more
+         collective.
   top_k  each replica sends its k kept values (float32) and their flat indices
          into all its tensors concatenated (int32), bit-cast into one int32
          tensor: ONE all-gather, (n-1) x 8k bytes a replica on a ring (sparse
@@ -59,107 +67,28 @@ import gin
 import tensorflow as tf
 
 from replibench.engine import aggregation, collectives
+from replibench.engine.regimes import two_pass
 from replibench.engine.regimes.base import Regime
+from replibench.engine.regimes.quantization import (  # pylint: disable=unused-import
+    WORD_BITS, dequantize, field_bits, fields_per_word, flatten, pack, packed_words,
+    split_like, stochastic_levels, stochastic_quantize, unpack)
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 
 LOSSLESS_BITS = 32
-WORD_BITS = 63   # Usable bits of an int64 word: the sign bit stays clear, so no sum overflows.
+PACKED_SUM, TWO_PASS = "packed_sum", "two_pass"
+WIRES = (PACKED_SUM, TWO_PASS)
 
 
-# --- Quantization: integer levels on a grid shared by all replicas. ---
-
-def stochastic_levels(x: tf.Tensor, scale: tf.Tensor, bits: int, seed: tf.Tensor) -> tf.Tensor:
-  """x's grid levels after unbiased stochastic rounding: int64, x's shape, in [0, 2**bits - 1].
-
-  x: float tensor with |x| <= scale; scale: float scalar; seed: int [2] for a
-  stateless draw. Level l stands for l * 2*scale/L - scale (L = 2**bits - 1);
-  each entry goes to one of its two neighbouring levels with probabilities
-  that make its expected value x. With scale = 0 every level means 0.
-  """
-  intervals = float(2**bits - 1)
-  safe = tf.where(scale > 0, scale, tf.ones_like(scale))
-  position = (x / safe + 1.0) * (intervals / 2.0)          # In [0, intervals].
-  noise = tf.random.stateless_uniform(tf.shape(x), seed=seed, dtype=x.dtype)
-  level = tf.clip_by_value(tf.floor(position + noise), 0.0, intervals)
-  return tf.cast(level, tf.int64)
-
-
-def dequantize(levels: tf.Tensor, scale: tf.Tensor, bits: int, count: int = 1,
-               dtype=tf.float32) -> tf.Tensor:
-  """The value of levels (int64, any shape), or of a sum of count replicas' levels
-  (each replica's value is l * 2s/L - s, so a sum of count is sum_l * 2s/L - count*s)."""
-  scale = tf.cast(scale, dtype)
-  step = scale * (2.0 / float(2**bits - 1))
-  return tf.cast(levels, dtype) * step - float(count) * scale
-
-
-def stochastic_quantize(x: tf.Tensor, scale: tf.Tensor, bits: int, seed: tf.Tensor) -> tf.Tensor:
-  """x rounded at random to the 2**bits-point grid on [-scale, scale], unbiasedly
-  (the dequantized stochastic_levels; same shape and dtype as x; scale = 0 gives zeros)."""
-  return dequantize(stochastic_levels(x, scale, bits, seed), scale, bits, dtype=x.dtype)
-
-
-# --- Packing: sums of levels in the fields of int64 words. ---
-
-def field_bits(bits: int, num_replicas: int) -> int:
-  """Bits a field needs to hold a sum of num_replicas levels of bits bits each:
-  n * (2**b - 1) < 2**(b + ceil(log2 n)). n <= 1 needs no headroom."""
-  width = bits + (max(num_replicas, 1) - 1).bit_length()   # bit_length(n - 1) = ceil(log2 n).
-  if width > WORD_BITS:
-    raise ValueError(f"{num_replicas} replicas of {bits}-bit levels overflow an int64 field.")
-  return width
-
-
-def fields_per_word(bits: int, num_replicas: int) -> int:
-  return WORD_BITS // field_bits(bits, num_replicas)
-
-
-def packed_words(entries: int, bits: int, num_replicas: int) -> int:
-  """int64 words that carry entries levels summed over num_replicas replicas."""
-  return -(-entries // fields_per_word(bits, num_replicas))
-
-
-def _shifts(width: int) -> tf.Tensor:
-  return tf.range(WORD_BITS // width, dtype=tf.int64) * width   # Field j starts at bit j*width.
-
-
-def pack(levels: tf.Tensor, width: int) -> tf.Tensor:
-  """levels int64 [m], each < 2**width -> int64 [ceil(m / F)] words, F = 63 // width.
-
-  Entry w*F + j sits in bits [j*width, (j+1)*width) of word w; the last word is
-  padded with zeros. Fields do not overlap, so summing the shifted fields
-  equals OR-ing them (TF has no OR-reduction over an axis)."""
-  per_word = WORD_BITS // width
-  words = -(-levels.shape[0] // per_word)
-  padded = tf.pad(levels, [[0, words * per_word - levels.shape[0]]])
-  fields = tf.reshape(padded, [words, per_word])
-  return tf.reduce_sum(tf.bitwise.left_shift(fields, _shifts(width)), axis=1)
-
-
-def unpack(words: tf.Tensor, width: int, count: int) -> tf.Tensor:
-  """pack's inverse: int64 [words] -> int64 [count], the first count fields in order."""
-  mask = tf.constant((1 << width) - 1, tf.int64)
-  fields = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[:, None], _shifts(width)), mask)
-  return tf.reshape(fields, [-1])[:count]
-
-
-def _flatten(tensors: list) -> tf.Tensor:
-  return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
-
-
-def _split_like(flat: tf.Tensor, like: list) -> list:
-  parts = tf.split(flat, [t.shape.num_elements() for t in like])
-  return [tf.reshape(p, t.shape) for p, t in zip(parts, like)]
-
+# --- Packed sums: all replicas' levels summed in one all-reduce. ---
 
 def packed_level_sum(levels: list, bits: int, kind: str = "gradients") -> list:
   """Each tensor's levels summed over replicas (int64, same shapes), in ONE all-reduce
   of packed int64 words (call in replica context)."""
   width = field_bits(bits, collectives.num_replicas())
-  flat = _flatten(levels)
+  flat = flatten(levels)
   summed = collectives.all_reduce(pack(flat, width), "sum", kind=kind)
-  return _split_like(unpack(summed, width, flat.shape[0]), levels)
+  return split_like(unpack(summed, width, flat.shape[0]), levels)
 
 
 # --- Sparsification: k (index, value) pairs per tensor. ---
@@ -207,7 +136,8 @@ class Compressed(Regime):
 
   name = "compressed"
 
-  def __init__(self, bits: int | None = None, top_k: float | None = None, seed: int = 0):
+  def __init__(self, bits: int | None = None, top_k: float | None = None, seed: int = 0,
+               wire: str = PACKED_SUM):
     if (bits is None) == (top_k is None):
       raise UserError(
           "regimes.Compressed needs exactly one of `bits` (1..16, or 32 for no quantization) "
@@ -224,8 +154,14 @@ class Compressed(Regime):
           f"(0, 1], got {top_k!r}.")
     if not isinstance(seed, int) or isinstance(seed, bool):
       raise UserError(f"regimes.Compressed.seed must be an integer, got {seed!r}.")
-    self.bits, self.top_k, self.seed = bits, top_k, seed
+    if wire not in WIRES or (wire == TWO_PASS and bits is None):
+      raise UserError(
+          f"regimes.Compressed.wire must be one of {WIRES} ('{TWO_PASS}' with `bits` only: "
+          f"top_k always gathers its pairs), got wire={wire!r} with bits={bits!r}, "
+          f"top_k={top_k!r}.")
+    self.bits, self.top_k, self.seed, self.wire = bits, top_k, seed, wire
     self._residuals = {}   # id(variable) -> (variable, its residual)
+    self._servers = {}     # two_pass: id(optimizer) -> (optimizer, BlockLayout, server residual)
     self._metrics = StepMetrics()
 
   @property
@@ -238,11 +174,13 @@ class Compressed(Regime):
     if self.lossless:
       return
     for v in variables:
-      residual = tf.Variable(
-          tf.zeros(v.shape, v.dtype), trainable=False, name="compression_residual",
-          synchronization=tf.VariableSynchronization.ON_READ,
-          aggregation=tf.VariableAggregation.SUM)
-      self._residuals[id(v)] = (v, residual)
+      self._residuals[id(v)] = (v, _per_replica_zeros(v.shape, v.dtype, "compression_residual"))
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if self.wire == TWO_PASS and num_replicas > 1:
+      layout = two_pass.BlockLayout(tuple(v.shape.num_elements() for v in variables),
+                                    num_replicas, self.bits)
+      self._servers[id(optimizer)] = (optimizer, layout, _per_replica_zeros(
+          [layout.block], tf.float32, "compression_server_residual"))
 
   def _residual(self, variable) -> tf.Variable:
     found = self._residuals.get(id(variable))
@@ -260,22 +198,46 @@ class Compressed(Regime):
       return self._exchange_sparse(values, kind)
     return self._exchange_quantized(values, step, kind)
 
-  def _exchange_quantized(self, values, step, kind):
-    # The scales are part of the payload (wire_bytes counts them): one gathered
-    # [T] vector; the levels then go in one packed all-reduce.
+  def _quantized_levels(self, values, step, kind):
+    """(shared per-tensor scales float32 [T], this replica's levels, its C(x), its seed)."""
+    # The scales are part of the payload (wire_bytes counts them): one gathered [T] vector.
     scales = collectives.all_reduce(
-        tf.stack([tf.reduce_max(tf.abs(x)) for x in values]), "max", kind=kind)
+        tf.stack([tf.cast(tf.reduce_max(tf.abs(x)), tf.float32) for x in values]), "max",
+        kind=kind)
     base = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
     base = tf.random.experimental.stateless_fold_in(base, collectives.replica_id())
-    levels = [stochastic_levels(x, scales[i], self.bits,
+    levels = [stochastic_levels(x, tf.cast(scales[i], x.dtype), self.bits,
                                 tf.random.experimental.stateless_fold_in(base, i))
               for i, x in enumerate(values)]
     own = [dequantize(l, scales[i], self.bits, dtype=x.dtype)
            for i, (l, x) in enumerate(zip(levels, values))]
+    return scales, levels, own, base
+
+  def _exchange_quantized(self, values, step, kind):
+    # The levels go in one packed all-reduce of their sums.
+    scales, levels, own, _ = self._quantized_levels(values, step, kind)
     n = collectives.num_replicas()
     summed = [dequantize(s, scales[i], self.bits, count=n, dtype=x.dtype)
               for i, (s, x) in enumerate(zip(packed_level_sum(levels, self.bits, kind), values))]
     return own, summed
+
+  def _two_pass_server(self, optimizer):
+    """(BlockLayout, server residual) built for optimizer, or None (packed sum)."""
+    found = self._servers.get(id(optimizer))
+    return found[1:] if found and found[0] is optimizer else None
+
+  def _exchange_two_pass(self, values, step, server):
+    """Like exchange, the sum through two_pass (each owner rounds its block's sum again)."""
+    layout, residual = server
+    if tuple(x.shape.num_elements() for x in values) != layout.sizes:
+      raise RuntimeError(
+          "regimes.Compressed(wire='two_pass') got gradients for other variables than it "
+          "built its blocks for (a None gradient?): build_optimizer's variables must all "
+          "have gradients.")
+    scales, levels, own, base = self._quantized_levels(values, step, "gradients")
+    seed = tf.random.experimental.stateless_fold_in(base, len(values))
+    flat = two_pass.two_pass_sum(levels, scales, layout, residual, seed)
+    return own, [tf.cast(s, x.dtype) for s, x in zip(split_like(flat, values), values)]
 
   def _exchange_sparse(self, values, kind):
     # Indices are flat over all tensors concatenated, so one gather carries them all.
@@ -288,7 +250,7 @@ class Compressed(Regime):
     index = tf.concat([i + offset for (i, _), offset in zip(picks, offsets)], axis=0)
     kept = tf.concat([tf.cast(v, tf.float32) for _, v in picks], axis=0)
     dense = sparse_sum(index, kept, sum(sizes), kind)
-    return own, [tf.cast(s, x.dtype) for s, x in zip(_split_like(dense, values), values)]
+    return own, [tf.cast(s, x.dtype) for s, x in zip(split_like(dense, values), values)]
 
   def apply_gradients(self, optimizer, grads, variables):
     pairs = [(tf.convert_to_tensor(g), v) for g, v in zip(grads, variables) if g is not None]
@@ -301,7 +263,9 @@ class Compressed(Regime):
     else:
       residuals = [self._residual(v) for _, v in pairs]
       corrected = [g + r for g, r in zip(corrected, residuals)]
-      own, reduced = self.exchange(corrected, optimizer.iterations)
+      server = self._two_pass_server(optimizer)
+      own, reduced = (self._exchange_two_pass(corrected, optimizer.iterations, server)
+                      if server else self.exchange(corrected, optimizer.iterations))
       for r, x, c in zip(residuals, corrected, own):
         r.assign(x - c)
     aggregation.apply_reduced(optimizer, reduced, [v for _, v in pairs])
@@ -321,8 +285,12 @@ class Compressed(Regime):
       return float(4 * sum(sizes))
     if self.top_k is not None:
       return float(sum(8 * kept_entries(n, self.top_k) for n in sizes) + shape)
-    return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + 4 * len(sizes)
-                 + shape)
+    scales = 4 * len(sizes) + shape
+    if self.wire == TWO_PASS and num_replicas > 1:
+      scattered, gathered = two_pass.BlockLayout(tuple(sizes), num_replicas,
+                                                 self.bits).payload_bytes()
+      return float(scales + scattered + gathered + shape)
+    return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + scales)
 
   def step_metrics(self):
     metrics = self._metrics.take()
@@ -332,7 +300,17 @@ class Compressed(Regime):
     return metrics
 
   def setting(self):
-    return f"{self.name}({'bits=%d' % self.bits if self.bits is not None else 'top_k=%g' % self.top_k})"
+    if self.top_k is not None:
+      return f"{self.name}(top_k={self.top_k:g})"
+    return f"{self.name}(bits={self.bits}{', two_pass' if self.wire == TWO_PASS else ''})"
 
   def hparams(self):
-    return {"regime": self.name, "bits": self.bits or 0, "top_k": self.top_k or 0.0}
+    return {"regime": self.name, "bits": self.bits or 0, "top_k": self.top_k or 0.0,
+            "wire": self.wire}
+
+
+def _per_replica_zeros(shape, dtype, name: str) -> tf.Variable:
+  """A variable each replica keeps its own value of (a residual), starting at zero."""
+  return tf.Variable(tf.zeros(shape, dtype), trainable=False, name=name,
+                     synchronization=tf.VariableSynchronization.ON_READ,
+                     aggregation=tf.VariableAggregation.SUM)

@@ -173,12 +173,15 @@ class Gossip(Regime):
           f"regimes.Gossip.graph must be a gossip graph, e.g. @regimes.Ring(), "
           f"@regimes.RandomMatching() or @regimes.Complete(); got {graph!r}.")
     if compression is not None and (not isinstance(compression, Compressed)
-                                    or compression.top_k is not None):
+                                    or compression.top_k is not None
+                                    or compression.wire != "packed_sum"):
       raise UserError(
           f"regimes.Gossip.compression quantizes the exchanged model: it must be "
           f"@regimes.Compressed() with regimes.Compressed.bits set (top_k would zero most of "
-          f"a model), or None; got {compression!r}"
-          f"{' with top_k' if isinstance(compression, Compressed) else ''}.")
+          f"a model; the copies travel packed, so regimes.Compressed.wire stays "
+          f"'packed_sum'), or None; got {compression!r}"
+          f"{' with top_k' if isinstance(compression, Compressed) else ''}"
+          f"{' with wire=%r' % compression.wire if isinstance(compression, Compressed) else ''}.")
     if compression is not None and compression.lossless:
       compression = None   # bits = 32: the copies as they are.
     self.graph, self.compression = graph, compression
