@@ -7,6 +7,8 @@
   AsyncReplicator   the Replicator interface over ParameterServerStrategy
   BackupReplicator  the same cluster, compiling BackupPS's synchronous steps
   is_server_task / serve   for the CLI: workers and ps tasks serve the chief
+  transfers        what a worker update pulls from and pushes to the ps: the account
+                   of its bytes on the wire (AsyncStep.communication)
 """
 
 from replibench.engine.ps.backup import BackupPS, BackupReplicator, BackupStep

@@ -153,4 +153,6 @@ class AsyncPS(Regime):
     return {"regime": self.name, **(self.stragglers.hparams() if self.stragglers else {})}
 
   # wire_bytes (the base's): per worker update, the gradient pushed to the ps, as Sync
-  # counts per replica. Pulling the parameters back moves as many bytes again.
+  # counts per replica. Pulling the parameters moves as many bytes again, more where a
+  # step reads a variable twice (an L2 term): AsyncStep.communication's account
+  # (transfers.py) has every tensor that crosses.

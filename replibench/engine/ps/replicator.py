@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from replibench.engine import cluster, collectives
-from replibench.engine.ps import serve
+from replibench.engine.ps import serve, transfers
 from replibench.engine.ps.regime import AsyncPS
 from replibench.engine.replicator import InputContext, per_replica_batch_size
 from replibench.errors import UserError
@@ -172,13 +172,22 @@ class AsyncStep:
     self._update.get_concrete_function(self.iterator)
 
   def communication(self, time_collectives: bool = True, wire_counter=None) -> dict:
-    """No collectives: each worker update pulls the variables it reads from the ps and
-    pushes its gradient there (regime/bytes_communicated counts the push). No account
-    to replay, so no expected bytes on the wire either."""
-    del time_collectives, wire_counter
-    return {"collectives_per_step": 0.0, "bytes_per_step": 0, "by_kind": {},
-            "note": "asynchronous workers: variables pulled from and updates pushed to "
-                    "the parameter servers over gRPC, no collectives"}
+    """No collectives: the tensors each worker update pulls from and pushes to the ps
+    (transfers.py), per update, which is per worker and harness step; after trace().
+
+    time_collectives with wire_counter (a callable: bytes sent so far on a launched
+    cluster's link) also measures each transfer's and closure's protocol bytes there,
+    with closures that only read, so that the account predicts the bytes on the wire.
+    """
+    update = self._update.get_concrete_function(self.iterator)
+    overheads = None
+    if time_collectives and wire_counter:
+      overheads = transfers.measure_overheads(self.coordinator, update.graph,
+                                              update.structured_outputs, wire_counter)
+    found = transfers.account(transfers.find_transfers(update.graph), overheads)
+    found["note"] = ("asynchronous workers: variables pulled from and updates pushed to the "
+                     "parameter servers over gRPC (RecvTensor), no collectives")
+    return found
 
   def __call__(self) -> dict:
     results = [self.coordinator.schedule(self._update, args=(self.iterator,))
