@@ -20,23 +20,23 @@ ENTRIES = sum(int(np.prod(s)) for s in SHAPES)
 @pytest.mark.parametrize("bits", [1, 3, 8, 16])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 64])
 def test_pack_unpack_round_trip_is_exact_for_sums_of_n(bits, n):
-  width = compressed.field_bits(bits, n)
+  width = quantization.field_bits(bits, n)
   top = 2**bits - 1
   assert n * top < 2**width <= 2**63
-  per_word = compressed.fields_per_word(bits, n)
+  per_word = quantization.fields_per_word(bits, n)
   count = 3 * per_word + 1                       # The last word is padded.
   rng = np.random.default_rng(bits * 100 + n)
   cases = {"worst": np.full(count, n * top), "zero": np.zeros(count),
            "random": rng.integers(0, n * top + 1, size=count)}
   for name, sums in cases.items():
-    words = compressed.pack(tf.constant(sums, tf.int64), width)
-    assert words.shape == [compressed.packed_words(count, bits, n)] == [4]
+    words = quantization.pack(tf.constant(sums, tf.int64), width)
+    assert words.shape == [quantization.packed_words(count, bits, n)] == [4]
     assert np.all(words.numpy() >= 0), name      # The sign bit stays clear.
-    np.testing.assert_array_equal(compressed.unpack(words, width, count), sums, err_msg=name)
+    np.testing.assert_array_equal(quantization.unpack(words, width, count), sums, err_msg=name)
   # What the all-reduce does: adding n replicas' packed words adds their fields.
   levels = [rng.integers(0, top + 1, size=count) for _ in range(n - 1)] + [np.full(count, top)]
-  total = sum(compressed.pack(tf.constant(l, tf.int64), width) for l in levels)
-  np.testing.assert_array_equal(compressed.unpack(total, width, count), sum(levels))
+  total = sum(quantization.pack(tf.constant(l, tf.int64), width) for l in levels)
+  np.testing.assert_array_equal(quantization.unpack(total, width, count), sum(levels))
 
 
 @pytest.mark.parametrize("bits", [1, 3, 8, 16])
@@ -182,7 +182,7 @@ def test_ledger_records_the_compressed_payload(make, collective, n):
   assert sum(e.wire_bytes(n) for e in entries) <= 0.3 * sync_wire
   if collective == "all_reduce":
     packed = [e for e in entries if e.collective == "all_reduce"]
-    assert [e.payload for e in packed] == [8 * compressed.packed_words(sum(sizes), 8, n)]
+    assert [e.payload for e in packed] == [8 * quantization.packed_words(sum(sizes), 8, n)]
   metrics = run.run(1)[0]
   assert metrics["regime/bytes_communicated"] == run.regime.wire_bytes(sizes, n)
   assert metrics["regime/compression_ratio"] == pytest.approx(

@@ -13,7 +13,7 @@ from replibench import engine
 from replibench.config import load_experiment
 from replibench.config.plan import format_plan, make_plan
 from replibench.engine import collectives, regimes
-from replibench.engine.regimes import compressed, gossip
+from replibench.engine.regimes import compressed, gossip, quantization
 from replibench.errors import UserError
 from tests import helpers
 
@@ -149,7 +149,7 @@ def test_stochastic_rounding_is_unbiased(bits):
   x = tf.constant(np.random.default_rng(bits).uniform(-1.5, 1.5, size=64), tf.float32)
   scale = tf.reduce_max(tf.abs(x))
   # One call on x repeated: each entry is rounded independently.
-  rounded = compressed.stochastic_quantize(tf.tile(x[None], [draws, 1]), scale, bits,
+  rounded = quantization.stochastic_quantize(tf.tile(x[None], [draws, 1]), scale, bits,
                                            tf.constant([3, 4], tf.int64)).numpy()
   step = 2 * float(scale) / (2**bits - 1)
   grid = (rounded + float(scale)) / step

@@ -69,9 +69,8 @@ import tensorflow as tf
 from replibench.engine import aggregation, collectives
 from replibench.engine.regimes import two_pass
 from replibench.engine.regimes.base import Regime
-from replibench.engine.regimes.quantization import (  # pylint: disable=unused-import
-    WORD_BITS, dequantize, field_bits, fields_per_word, flatten, pack, packed_words,
-    split_like, stochastic_levels, stochastic_quantize, unpack)
+from replibench.engine.regimes.quantization import (
+    dequantize, field_bits, flatten, pack, packed_words, split_like, stochastic_levels, unpack)
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 

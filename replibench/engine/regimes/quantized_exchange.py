@@ -25,7 +25,7 @@ all-reduce of levels (Compressed's own exchange, shared grid over all replicas).
 import tensorflow as tf
 
 from replibench.engine import collectives
-from replibench.engine.regimes import compressed
+from replibench.engine.regimes import compressed, quantization
 
 
 def split(flat: tf.Tensor, sizes: list[int]) -> list:
@@ -57,14 +57,14 @@ class StateQuantizer:
                       tf.where(replica > partner, scales, zero)])
     shared = tf.reduce_max(collectives.pair_all_reduce(table, partner), axis=0)
     seed = self._seed(step, replica, slot)
-    levels = [compressed.stochastic_levels(x, shared[i], self.bits,
+    levels = [quantization.stochastic_levels(x, shared[i], self.bits,
                                            tf.random.experimental.stateless_fold_in(seed, i))
               for i, x in enumerate(values)]
     mine = tf.concat([tf.reshape(l, [-1]) for l in levels], axis=0)
-    width = compressed.field_bits(self.bits, 2)
-    words = collectives.pair_all_reduce(compressed.pack(mine, width), partner)
-    theirs = compressed.unpack(words, width, mine.shape[0]) - mine
-    copy = tf.concat([compressed.dequantize(l, shared[i], self.bits, dtype=flat.dtype)
+    width = quantization.field_bits(self.bits, 2)
+    words = collectives.pair_all_reduce(quantization.pack(mine, width), partner)
+    theirs = quantization.unpack(words, width, mine.shape[0]) - mine
+    copy = tf.concat([quantization.dequantize(l, shared[i], self.bits, dtype=flat.dtype)
                       for i, l in enumerate(split(theirs, self.sizes))], axis=0)
     return tf.where(tf.not_equal(partner, replica), copy, tf.zeros_like(copy))
 
@@ -80,4 +80,4 @@ class StateQuantizer:
     entries = sum(self.sizes)
     if complete:
       return self._compression.wire_bytes(self.sizes, num_replicas)
-    return float(8 * compressed.packed_words(entries, self.bits, 2) + 8 * len(self.sizes))
+    return float(8 * quantization.packed_words(entries, self.bits, 2) + 8 * len(self.sizes))

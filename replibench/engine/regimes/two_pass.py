@@ -27,6 +27,7 @@ like the workers', not checkpointed.
 """
 
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -56,8 +57,9 @@ class BlockLayout:
 
   @property
   def words(self) -> int:
-    """int64 words a block."""
-    return -(-(-(-self.entries // self.num_replicas)) // self.fields)
+    """int64 words a block: each replica's share of the entries, rounded up to words."""
+    share = math.ceil(self.entries / self.num_replicas)
+    return math.ceil(share / self.fields)
 
   @property
   def block(self) -> int:
@@ -67,7 +69,7 @@ class BlockLayout:
   @property
   def scale_words(self) -> int:
     """int64 words that carry a float32 scale per tensor (two a word)."""
-    return -(-len(self.sizes) // 2)
+    return math.ceil(len(self.sizes) / 2)
 
   def tensor_index(self) -> tf.Tensor:
     """int32 [num_replicas, block]: each entry's tensor; len(sizes) for padding."""
