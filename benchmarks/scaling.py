@@ -3,7 +3,11 @@
 For each workload: 1 vs 2 worker processes (one core each) at the same global
 batch (strong scaling) and at twice the batch (weak scaling); 1, 2 and 4 logical
 replicas in one process pinned to one core (pure replication overhead: the same
-work, split N ways); init time per topology; and the collectives per step.
+work, split N ways); init time per topology; and the collectives per step. Two
+more runs measure what the split itself allows: one replica at a quarter of the
+batch (4 replicas on one core cannot beat 4 such steps) and one worker at half
+the batch (2 workers cannot beat twice its examples/s); the report sets the
+measured ratios beside these ceilings.
 
 Every figure comes from a real `replibench run` (or `replibench launch -- run`)
 with --max_steps, read back from its result.json: examples/s over the training
@@ -56,20 +60,28 @@ class Setup:
   label: str
   kind: str          # 'replicas' (logical, one process) or 'workers'
   n: int
-  batch_factor: int = 1
+  batch_factor: float = 1   # Of the workload's global batch.
   cores: str = "0"   # taskset list for logical replicas
+
+
+# One replica at the batch each replica of a split gets: the ceiling the split itself
+# sets (a step's batch-independent work, which every replica repeats, does not shrink).
+QUARTER = "replicas=1, batch/4 (1 core)"
+HALF = "workers=1, batch/2"
 
 
 def setups() -> list[Setup]:
   return [Setup("replicas=1 (1 core)", "replicas", 1), Setup("replicas=2 (1 core)", "replicas", 2),
           Setup("replicas=4 (1 core)", "replicas", 4),
+          Setup(QUARTER, "replicas", 1, 0.25),
           Setup("workers=1", "workers", 1), Setup("workers=2 (strong)", "workers", 2),
+          Setup(HALF, "workers", 1, 0.5),
           Setup("workers=1 (2x batch)", "workers", 1, 2),
           Setup("workers=2 (weak, 2x batch)", "workers", 2, 2)]
 
 
 def command(w: Workload, s: Setup, workdir: str) -> list[str]:
-  batch = w.global_batch * s.batch_factor
+  batch = round(w.global_batch * s.batch_factor)
   bindings = [*w.bindings, *QUIET, f"Experiment.global_batch_size = {batch}"]
   if s.kind == "replicas":
     topology = f"configs/topology/local{s.n}.gin"
@@ -124,7 +136,29 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> list[str]:
       "   (goal <= 1.3x)",
       f"  init replicas=4 / replicas=1:               "
       f"{init['replicas=4 (1 core)'] / init['replicas=1 (1 core)']:.2f}x   (goal <= 2x)"]
-  return lines
+  return lines + _ceilings(eps, ratio)
+
+
+def _ceilings(eps: dict, ratio) -> list[str]:
+  """What the split alone allows, with no communication at all, and the engine's share.
+
+  4 replicas on one core run 4 steps at batch/4 one after the other: at best
+  eps(1 replica) / eps(1 replica at batch/4) times one replica's step time. Two
+  workers at batch/2 each make at most 2 eps(batch/2).
+  """
+  if QUARTER not in eps or HALF not in eps:
+    return []
+  floor = eps["replicas=1 (1 core)"] / eps[QUARTER]
+  measured = eps["replicas=1 (1 core)"] / eps["replicas=4 (1 core)"]
+  ceiling = 2 * eps[HALF] / eps["workers=1"]
+  strong = ratio("workers=2 (strong)", "workers=1")
+  weak = ratio("workers=2 (weak, 2x batch)", "workers=1")
+  return [
+      f"  split floor, 4 replicas on one core (1 replica at batch/4, x4): {floor:.2f}x;"
+      f" replication above it: {measured / floor:.2f}x",
+      f"  split ceiling, 2 workers at batch/2 each (2x one worker at batch/2): {ceiling:.2f}x;"
+      f" strong scaling reaches {strong / ceiling:.0%} of it",
+      f"  weak scaling reaches {weak / 2:.0%} of its ceiling (2x)"]
 
 
 def _comm_kinds(comm: dict) -> str:

@@ -26,7 +26,7 @@ import weakref
 
 import tensorflow as tf
 
-from replibench.engine import communication
+from replibench.engine import communication, fusion
 
 _REDUCE_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 _GATHER_OPS = {"max": tf.reduce_max, "min": tf.reduce_min}
@@ -49,7 +49,11 @@ class ReplicaGroup:
   def all_reduce(self, x, op: str):
     # tf.identity gives each value a device: with one replica, reducing a
     # step's input tensor directly fails with "destinations can not be empty".
-    return _context().all_reduce(_REDUCE_OPS[op], tf.nest.map_structure(tf.identity, x))
+    x = tf.nest.map_structure(tf.identity, x)
+    ctx = _context()
+    if not fusion.fuses_in_engine(ctx.strategy):
+      return ctx.all_reduce(_REDUCE_OPS[op], x)
+    return fusion.fused(lambda tensors: ctx.all_reduce(_REDUCE_OPS[op], tensors), x)
 
   def all_gather(self, x, axis: int):
     return _context().all_gather(x, axis=axis)

@@ -14,7 +14,7 @@ chosen so that sync and async numbers compare:
   * How close W updates come to one sync step depends on the optimizer: with
     SGD (momentum aside) and zero staleness they add up to it; Adam's step does
     not scale with the gradient, so each update is a full-size Adam step.
-  * Updates are atomic per variable (locked_updates): each variable's update
+  * Updates are atomic per variable (engine/training_kernels.py): each variable's update
     is one TF training kernel holding the locks of the variable and its slots,
     and optimizer.iterations counts every update. Keras' own update reads,
     then writes, and concurrent workers corrupted Adam's slots (the SN-GAN
@@ -37,8 +37,7 @@ import tensorflow as tf
 
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
-from replibench.engine.ps import locked_updates
-from replibench.engine import stragglers as stragglers_lib
+from replibench.engine import stragglers as stragglers_lib, training_kernels
 from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
 from replibench.errors import UserError
@@ -107,7 +106,7 @@ class AsyncPS(Regime):
 
   def build_optimizer(self, optimizer, variables):
     optimizer.build(variables)
-    locked_updates.make_updates_atomic(optimizer)
+    training_kernels.make_updates_atomic(optimizer)
     # The schedule's steps are harness steps: W updates each. The public setter
     # takes the wrapped schedule.
     schedule = internals.optimizer_schedule(optimizer)

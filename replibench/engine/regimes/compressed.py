@@ -169,7 +169,7 @@ class Compressed(Regime):
     return self.bits == LOSSLESS_BITS or self.top_k == 1.0
 
   def build_optimizer(self, optimizer, variables):
-    optimizer.build(variables)
+    super().build_optimizer(optimizer, variables)
     if self.lossless:
       return
     for v in variables:

@@ -55,7 +55,7 @@ class GradientTracking(Gossip):
     self._state = {}   # id(variable) -> (variable, tracker, previous gradient)
 
   def build_optimizer(self, optimizer, variables):
-    optimizer.build(variables)
+    super().build_optimizer(optimizer, variables)
     for v in variables:
       zeros = lambda v=v: tf.zeros(v.shape, v.dtype)
       # Mirrored variables whose components drift apart, like the parameters.
