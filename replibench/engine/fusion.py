@@ -2,10 +2,10 @@
 
 A single-process MirroredStrategy reduces a nest tensor by tensor: on CPU its
 cross-device ops (ReductionToOneDevice) copy each tensor of each replica to the
-first device, add them there and copy the sum back, so a step that all-reduces
-the 60 gradients of a GAN's discriminator moves 60 x 2 x (N - 1) small tensors
-between devices, each with a fixed cost far above its bytes (measured: 568
-transfers a SN-GAN step at 4 replicas, 11 ms of a 114 ms step on one core).
+first device, add them there and copy the sum back: k gradients make 2k(N - 1)
+small device-to-device transfers, each with a fixed cost far above its bytes. A
+profile of SN-GAN at 4 logical replicas counted 568 sends a step; fused, 143
+(results/scaling/README.md has the step times).
 MultiWorkerMirroredStrategy packs on its own (CommunicationOptions.bytes_per_pack),
 so it is left to do so (`fuses_in_engine`).
 
