@@ -5,9 +5,10 @@ interface is its loopback (harness/netns.py), so the loopback's transmit counter
 is every byte the cluster's tasks sent one another: collectives, parameter-server
 reads and pushes, gRPC and TCP framing, coordination heartbeats. The chief reads
 it around the timed run; evaluations (which may reduce metrics over workers) and
-checkpoint saves (whose workers synchronise: ~95 KB a save for a 2-worker ResNet,
-3 KB a step of a 30-step run, a fifth of top-k compression's step) are counted
-apart, so bytes_on_wire_per_step is what training steps send.
+checkpoint saves (whose workers may synchronise: ~95 KB a save for a 2-worker
+ResNet, 3 KB a step of a 30-step run, a fifth of top-k compression's step; none
+inside the chief's save window in some runs) are counted apart, so
+bytes_on_wire_per_step is what training steps send.
 
 Beside it the record states what the step's communication account predicts (the
 collectives traced in the step, with the ring algorithms' factors, plus each
