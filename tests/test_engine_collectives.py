@@ -108,11 +108,14 @@ def test_fused_all_reduce_is_bit_identical_to_per_tensor(n):
 
   fused, per_tensor = tf.function(step)()
   local = replicator.strategy.experimental_local_results
+
+  def on_replica(nest, r):
+    return tf.nest.map_structure(lambda t: local(t)[r].numpy(), nest)
+
   want = tf.nest.map_structure(lambda *xs: np.sum(np.stack(xs), axis=0), *nests)
   for r in range(n):
-    got = tf.nest.map_structure(lambda t: local(t)[r].numpy(), fused)  # noqa: B023
-    tf.nest.map_structure(np.testing.assert_array_equal, got,
-                          tf.nest.map_structure(lambda t: local(t)[r].numpy(), per_tensor))  # noqa: B023
+    got = on_replica(fused, r)
+    tf.nest.map_structure(np.testing.assert_array_equal, got, on_replica(per_tensor, r))
     tf.nest.map_structure(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6), got, want)
 
 

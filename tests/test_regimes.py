@@ -150,7 +150,7 @@ def test_stochastic_rounding_is_unbiased(bits):
   scale = tf.reduce_max(tf.abs(x))
   # One call on x repeated: each entry is rounded independently.
   rounded = quantization.stochastic_quantize(tf.tile(x[None], [draws, 1]), scale, bits,
-                                           tf.constant([3, 4], tf.int64)).numpy()
+                                               tf.constant([3, 4], tf.int64)).numpy()
   step = 2 * float(scale) / (2**bits - 1)
   grid = (rounded + float(scale)) / step
   np.testing.assert_allclose(grid, np.round(grid), atol=1e-3)        # On the grid,

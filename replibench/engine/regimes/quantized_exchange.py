@@ -58,7 +58,7 @@ class StateQuantizer:
     shared = tf.reduce_max(collectives.pair_all_reduce(table, partner), axis=0)
     seed = self._seed(step, replica, slot)
     levels = [quantization.stochastic_levels(x, shared[i], self.bits,
-                                           tf.random.experimental.stateless_fold_in(seed, i))
+                                             tf.random.experimental.stateless_fold_in(seed, i))
               for i, x in enumerate(values)]
     mine = tf.concat([tf.reshape(l, [-1]) for l in levels], axis=0)
     width = quantization.field_bits(self.bits, 2)
