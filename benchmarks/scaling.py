@@ -3,11 +3,13 @@
 For each workload: 1 vs 2 worker processes (one core each) at the same global
 batch (strong scaling) and at twice the batch (weak scaling); 1, 2 and 4 logical
 replicas in one process pinned to one core (pure replication overhead: the same
-work, split N ways); init time per topology; and the collectives per step. Two
-more runs measure what the split itself allows: one replica at a quarter of the
-batch (4 replicas on one core cannot beat 4 such steps) and one worker at half
-the batch (2 workers cannot beat twice its examples/s); the report sets the
-measured ratios beside these ceilings.
+work, split N ways); init and first-call time per topology; and the collectives
+per step. More runs measure what the split and the machine allow: one replica at
+a quarter of the batch (4 replicas on one core cannot beat 4 such steps), one
+worker at half the batch (2 workers cannot beat twice its examples/s), and two
+independent one-worker runs at once, one per core, at half the batch and at the
+batch (2 workers cannot beat what the machine gives two processes that never
+communicate); the report sets the measured ratios beside these ceilings.
 
 Every figure comes from a real `replibench run` (or `replibench launch -- run`)
 with --max_steps, read back from its result.json: examples/s over the training
@@ -48,7 +50,11 @@ WORKLOADS = {
     "sngan": Workload("sngan", "configs/sngan/batch_scaling.gin", 32, 40,
                       ("Experiment.steps_per_call = 5",
                        "sngan_generator.norm_layer = @engine.per_replica_batch_norm")),
-    "d4pg": Workload("d4pg", "configs/d4pg/learner_scaling.gin", 256, 500),
+    # The learner alone: with its samples-per-insert ratio (16) the learner waits for the
+    # actors, which share its core (results/scaling/README.md); at 1e6 the actors fill
+    # replay to min_size and then block, so the figure is the distributed learner's.
+    "d4pg": Workload("d4pg", "configs/d4pg/learner_scaling.gin", 256, 500,
+                     ("UniformReplay.samples_per_insert = 1e6",)),
 }
 # Evaluation and checkpoints out of the way: only training calls are measured.
 QUIET = ("Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epochs = 1000",
@@ -58,7 +64,7 @@ QUIET = ("Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epo
 @dataclasses.dataclass(frozen=True)
 class Setup:
   label: str
-  kind: str          # 'replicas' (logical, one process) or 'workers'
+  kind: str          # 'replicas' (logical, one process), 'workers', or 'pair' (below)
   n: int
   batch_factor: float = 1   # Of the workload's global batch.
   cores: str = "0"   # taskset list for logical replicas
@@ -68,6 +74,11 @@ class Setup:
 # sets (a step's batch-independent work, which every replica repeats, does not shrink).
 QUARTER = "replicas=1, batch/4 (1 core)"
 HALF = "workers=1, batch/2"
+# Two independent single workers, one per core, at the same time: what the machine gives
+# two processes (shared caches, memory bandwidth, clock) with no communication at all,
+# at the per-worker batch of strong scaling (batch/2) and of weak scaling (batch).
+PAIR_HALF = "2 x workers=1, batch/2, at once"
+PAIR = "2 x workers=1, at once"
 
 
 def setups() -> list[Setup]:
@@ -75,7 +86,8 @@ def setups() -> list[Setup]:
           Setup("replicas=4 (1 core)", "replicas", 4),
           Setup(QUARTER, "replicas", 1, 0.25),
           Setup("workers=1", "workers", 1), Setup("workers=2 (strong)", "workers", 2),
-          Setup(HALF, "workers", 1, 0.5),
+          Setup(HALF, "workers", 1, 0.5), Setup(PAIR_HALF, "pair", 1, 0.5),
+          Setup(PAIR, "pair", 1),
           Setup("workers=1 (2x batch)", "workers", 1, 2),
           Setup("workers=2 (weak, 2x batch)", "workers", 2, 2)]
 
@@ -98,14 +110,32 @@ def command(w: Workload, s: Setup, workdir: str) -> list[str]:
 
 
 def measure(w: Workload, s: Setup) -> dict:
+  if s.kind == "pair":
+    return _measure_pair(w, s)
   with tempfile.TemporaryDirectory() as workdir:
     proc = subprocess.run(command(w, s, workdir), cwd=REPO, capture_output=True, text=True)
-    path = os.path.join(workdir, "result.json")
-    if proc.returncode or not os.path.exists(path):
-      raise RuntimeError(f"{w.name} {s.label} failed ({proc.returncode}):\n"
-                         f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    with open(path) as f:
-      return json.load(f)
+    return _result(w, s, workdir, proc.returncode, proc.stdout + proc.stderr)
+
+
+def _measure_pair(w: Workload, s: Setup) -> dict:
+  """Two one-worker runs at once, each launched on its own core: their examples/s add up."""
+  single = dataclasses.replace(s, kind="workers")
+  with tempfile.TemporaryDirectory() as workdir:
+    dirs = [os.path.join(workdir, str(core)) for core in (0, 1)]
+    procs = [subprocess.Popen(["taskset", "-c", str(core), *command(w, single, d)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for core, d in zip((0, 1), dirs)]
+    results = [_result(w, s, d, p.wait(), p.stdout.read()) for p, d in zip(procs, dirs)]
+  return {**results[0], "examples_per_s": sum(r["examples_per_s"] for r in results),
+          "init_s": max(r["init_s"] for r in results)}
+
+
+def _result(w: Workload, s: Setup, workdir: str, returncode: int, output: str) -> dict:
+  path = os.path.join(workdir, "result.json")
+  if returncode or not os.path.exists(path):
+    raise RuntimeError(f"{w.name} {s.label} failed ({returncode}):\n{output[-6000:]}")
+  with open(path) as f:
+    return json.load(f)
 
 
 def _median(results: list[dict], key) -> float | None:
@@ -117,12 +147,16 @@ def _median(results: list[dict], key) -> float | None:
 def summarize(w: Workload, runs: dict[str, list[dict]]) -> list[str]:
   eps = {label: _median(rs, lambda r: r.get("examples_per_s")) for label, rs in runs.items()}
   init = {label: _median(rs, lambda r: r.get("init_s")) for label, rs in runs.items()}
+  first = {label: _median(rs, lambda r: r.get("first_call_s")) for label, rs in runs.items()}
   lines = [f"== {w.name} ({w.gin_file}, global batch {w.global_batch}, {w.steps} steps)"]
   for label, rs in runs.items():
     comm = (rs[-1].get("communication") or {})
     per_step = comm.get("collectives_per_step")
-    lines.append(f"  {label:28s} {eps[label]:9.1f} ex/s   init {init[label]:6.1f} s   "
+    alone = comm.get("collective_s_per_step")
+    lines.append(f"  {label:32s} {eps[label]:9.1f} ex/s   init {init[label]:5.1f} s   "
+                 f"first call {first[label] or 0:5.1f} s   "
                  f"collectives/step {per_step if per_step is not None else '-'}"
+                 f"{f' ({alone * 1e3:.2f} ms alone)' if alone else ''}"
                  f"{'   ' + _comm_kinds(comm) if comm else ''}")
   ratio = lambda a, b: eps[a] / eps[b]  # noqa: E731
   one = eps["replicas=1 (1 core)"]
@@ -135,7 +169,9 @@ def summarize(w: Workload, runs: dict[str, list[dict]]) -> list[str]:
       f"  step time replicas=4 / replicas=1 (1 core): {one / eps['replicas=4 (1 core)']:.2f}x"
       "   (goal <= 1.3x)",
       f"  init replicas=4 / replicas=1:               "
-      f"{init['replicas=4 (1 core)'] / init['replicas=1 (1 core)']:.2f}x   (goal <= 2x)"]
+      f"{init['replicas=4 (1 core)'] / init['replicas=1 (1 core)']:.2f}x   (goal <= 2x)",
+      f"  first call replicas=4 / replicas=1:         "
+      f"{first['replicas=4 (1 core)'] / first['replicas=1 (1 core)']:.2f}x"]
   return lines + _ceilings(eps, ratio)
 
 
@@ -144,21 +180,27 @@ def _ceilings(eps: dict, ratio) -> list[str]:
 
   4 replicas on one core run 4 steps at batch/4 one after the other: at best
   eps(1 replica) / eps(1 replica at batch/4) times one replica's step time. Two
-  workers at batch/2 each make at most 2 eps(batch/2).
+  workers at batch/2 each make at most 2 eps(batch/2) alone, and at most what two
+  independent such workers make side by side on the machine's two cores.
   """
-  if QUARTER not in eps or HALF not in eps:
-    return []
-  floor = eps["replicas=1 (1 core)"] / eps[QUARTER]
-  measured = eps["replicas=1 (1 core)"] / eps["replicas=4 (1 core)"]
-  ceiling = 2 * eps[HALF] / eps["workers=1"]
+  lines = []
+  if QUARTER in eps:
+    floor = eps["replicas=1 (1 core)"] / eps[QUARTER]
+    measured = eps["replicas=1 (1 core)"] / eps["replicas=4 (1 core)"]
+    lines.append(f"  split floor, 4 replicas on one core (1 replica at batch/4, x4): {floor:.2f}x;"
+                 f" replication above it: {measured / floor:.2f}x")
   strong = ratio("workers=2 (strong)", "workers=1")
   weak = ratio("workers=2 (weak, 2x batch)", "workers=1")
-  return [
-      f"  split floor, 4 replicas on one core (1 replica at batch/4, x4): {floor:.2f}x;"
-      f" replication above it: {measured / floor:.2f}x",
-      f"  split ceiling, 2 workers at batch/2 each (2x one worker at batch/2): {ceiling:.2f}x;"
-      f" strong scaling reaches {strong / ceiling:.0%} of it",
-      f"  weak scaling reaches {weak / 2:.0%} of its ceiling (2x)"]
+  if HALF in eps:
+    ceiling = 2 * eps[HALF] / eps["workers=1"]
+    lines.append(f"  split ceiling, 2 workers at batch/2 each (2x one worker at batch/2 alone): "
+                 f"{ceiling:.2f}x; strong scaling reaches {strong / ceiling:.0%} of it")
+  for label, scaled, kind in ((PAIR_HALF, strong, "strong"), (PAIR, weak, "weak")):
+    if label in eps:
+      ceiling = eps[label] / eps["workers=1"]
+      lines.append(f"  machine ceiling, {label}: {ceiling:.2f}x; {kind} scaling reaches "
+                   f"{scaled / ceiling:.0%} of it")
+  return lines + [f"  weak scaling reaches {weak / 2:.0%} of 2x"]
 
 
 def _comm_kinds(comm: dict) -> str:

@@ -201,3 +201,38 @@ def test_killed_actors_are_restarted_then_end_the_run_with_a_clear_error():
     assert work.host_metrics()["actors/restarts"] == 1
   finally:
     work.close()
+
+
+class CountingFeeder:
+  """A feeder whose batches number their items, counting the draws from replay."""
+
+  def __init__(self):
+    self.draws = []
+
+  def batches(self, batch_size, convert):
+    start = 0
+    while True:
+      self.draws.append(batch_size)
+      n = np.arange(start, start + batch_size)
+      yield convert({"observation": np.repeat(n[:, None], 5, 1).astype(np.float32),
+                     "action": np.zeros((batch_size, 1)), "reward": n, "discount": n,
+                     "next_observation": np.zeros((batch_size, 5)), "key": n,
+                     "weight": np.ones(batch_size)})
+      start += batch_size
+
+
+@pytest.mark.parametrize("num_replicas", [1, 4])
+def test_input_draws_once_a_step_for_all_local_replicas(num_replicas):
+  replicator = engine.Replicator(engine.Local(num_replicas=num_replicas, device="cpu"))
+  work = tiny_workload()
+  with replicator.scope():
+    work.build_learner(TrainSpec(GLOBAL_BATCH, num_replicas, 0, 10.0, 100, replicator.regime))
+  work.feeder = CountingFeeder()
+  batches = iter(replicator.distribute(work.input_fn, GLOBAL_BATCH))
+  for step in range(STEPS):
+    keys = replicator.strategy.experimental_local_results(next(batches)["key"])
+    # Replica r takes the r-th slice of one draw of the global batch.
+    got = np.concatenate([k.numpy() for k in keys])
+    np.testing.assert_array_equal(got, step * GLOBAL_BATCH + np.arange(GLOBAL_BATCH))
+  # Each draw is the whole global batch (the prefetch may have taken more steps ahead).
+  assert set(work.feeder.draws) == {GLOBAL_BATCH} and len(work.feeder.draws) >= STEPS

@@ -71,12 +71,20 @@ class CompiledStep:
 
   def _steps(self):
     strategy = self.replicator.strategy
-    total = self._replicated(next(self.iterator))
-    for _ in tf.range(self.steps_per_call - 1):
+    specs = self._output_specs()
+    total = strategy.run(lambda: tf.nest.map_structure(_zeros, specs))
+    for _ in tf.range(self.steps_per_call):
       outputs = self._replicated(next(self.iterator))
       total = strategy.run(_add, args=(total, outputs))
     return tf.nest.map_structure(lambda t: t / self.steps_per_call,
                                  self.replicator.reduce(total, "mean"))
+
+  def _output_specs(self):
+    """One replica's outputs of one step, as TensorSpecs (traces the step, once)."""
+    step = self._replicated.get_concrete_function(self.iterator.element_spec)
+    local = self.replicator.strategy.experimental_local_results
+    return tf.nest.map_structure(lambda v: tf.TensorSpec.from_tensor(local(v)[0]),
+                                 step.structured_outputs)
 
   def trace(self) -> None:
     """Builds the graph without running a step (part of init, not of the timed run),
@@ -113,6 +121,10 @@ class CompiledStep:
 
   def __call__(self) -> dict:
     return tf.nest.map_structure(lambda t: t.numpy(), self._fn())
+
+
+def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
+  return tf.zeros(spec.shape, spec.dtype)
 
 
 def _add(a, b):

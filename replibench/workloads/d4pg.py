@@ -181,15 +181,24 @@ class D4PG(Workload):
             "weight": tf.TensorSpec((batch_size,), tf.float32)}
 
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
-    """Batches sampled from this worker's replay as the actors fill it (endless)."""
+    """Batches sampled from this worker's replay as the actors fill it (endless).
+
+    One sample a step for all of this pipeline's replicas, split into their batches:
+    each draw from replay is a Python call (~0.5 ms on these cores), which 4 logical
+    replicas would otherwise pay 4 times a step.
+    """
+    replicas_here = ctx.num_replicas // ctx.num_input_pipelines
     signature = self.element_spec(ctx.per_replica_batch_size)
-    feeder, size = self.feeder, ctx.per_replica_batch_size
+    stacked = {k: tf.TensorSpec((replicas_here, *spec.shape), spec.dtype)
+               for k, spec in signature.items()}
+    feeder, size = self.feeder, ctx.per_replica_batch_size * replicas_here
 
     def convert(batch):
-      return {k: np.asarray(batch[k], signature[k].dtype.as_numpy_dtype) for k in signature}
+      return {k: np.asarray(batch[k], spec.dtype.as_numpy_dtype).reshape(spec.shape)
+              for k, spec in stacked.items()}
 
     ds = tf.data.Dataset.from_generator(lambda: feeder.batches(size, convert),
-                                        output_signature=signature)
+                                        output_signature=stacked).unbatch()
     # Endless, and said so: with an unknown cardinality MultiWorkerMirroredStrategy
     # all-reduces a "has data" flag on every step to stop all workers together.
     ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
