@@ -106,11 +106,10 @@ def test_a_launched_cluster_reports_its_bytes_on_the_wire(tmp_path, network, reg
   # The account is a floor here: this config's cross-replica batch norm adds a backward
   # collective per layer that the account does not trace.
   assert wire["bytes_on_wire_per_step"] >= wire["expected_bytes_per_step"] > 0
-  # Checkpoint saves are counted apart, like evaluations. Not asserted > 0: whether a
-  # save puts bytes on the wire inside the chief's save window depends on the other
-  # worker's timing (the clean-clone CI run of 2026-11-25 saw 0 for the two-pass run,
-  # then 2 of 5 runs here); the meter's identity below holds either way.
-  assert wire["checkpoint_bytes"] >= 0
+  # Checkpoint saves are counted apart, like evaluations: the meter's identity. Their own
+  # bytes are not asserted: whether a save puts bytes on the wire inside the chief's save
+  # window depends on the other worker's timing (the clean-clone CI run of 2026-11-25
+  # saw 0 for the two-pass run, then 2 of 5 runs here).
   assert wire["bytes_on_wire_per_step"] * wire["steps"] == pytest.approx(
       wire["bytes_on_wire"] - wire["eval_bytes"] - wire["checkpoint_bytes"], abs=wire["steps"])
   events = helpers.event_tags(tmp_path)

@@ -56,9 +56,12 @@ class CompiledStep:
 
   The replicated step is a tf.function of its own, called k times from a
   tf.range loop: it is traced once (MirroredStrategy traces step_fn once per
-  replica, so a second trace would double init). Outputs are summed per replica
-  over the k steps and reduced over replicas once per call: one collective for
-  all of them, not one per output and step.
+  replica, so a second trace would double init), and the loop starts from zero
+  outputs so the call holds one copy of it (TensorFlow inlines a function at each
+  call site: a first step before the loop doubled the graph that the first call
+  optimises and partitions). Outputs are summed per replica over the k steps and
+  reduced over replicas once per call: one collective for all of them, not one
+  per output and step.
   """
 
   def __init__(self, replicator: "Replicator", replica_fn, dataset, steps_per_call: int):
