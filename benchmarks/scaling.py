@@ -122,10 +122,18 @@ def _measure_pair(w: Workload, s: Setup) -> dict:
   single = dataclasses.replace(s, kind="workers")
   with tempfile.TemporaryDirectory() as workdir:
     dirs = [os.path.join(workdir, str(core)) for core in (0, 1)]
+    # Output to files, not pipes: a full pipe would stall a run we wait for.
+    logs = [open(d + ".log", "w+", encoding="utf-8") for d in dirs]  # pylint: disable=consider-using-with
     procs = [subprocess.Popen(["taskset", "-c", str(core), *command(w, single, d)], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for core, d in zip((0, 1), dirs)]
-    results = [_result(w, s, d, p.wait(), p.stdout.read()) for p, d in zip(procs, dirs)]
+                              stdout=log, stderr=subprocess.STDOUT)
+             for core, d, log in zip((0, 1), dirs, logs)]
+    codes = [p.wait() for p in procs]
+    outputs = []
+    for log in logs:
+      log.seek(0)
+      outputs.append(log.read())
+      log.close()
+    results = [_result(w, s, d, code, out) for d, code, out in zip(dirs, codes, outputs)]
   return {**results[0], "examples_per_s": sum(r["examples_per_s"] for r in results),
           "init_s": max(r["init_s"] for r in results)}
 

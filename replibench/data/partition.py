@@ -89,7 +89,7 @@ def pipeline_streams(labels: np.ndarray, ctx, scheme: str, alpha: float, seed: i
 
   ctx: the engine's InputContext; replica ids are global (pipeline p serves
   [p*R, (p+1)*R)); skip_batches counts each replica's own batches."""
-  per_pipeline = ctx.num_replicas // ctx.num_input_pipelines
+  per_pipeline = ctx.replicas_per_pipeline
   parts = shards(labels, ctx.num_replicas, scheme, alpha, seed)
   first = ctx.input_pipeline_id * per_pipeline
   streams = [replica_stream(parts[r], ctx.per_replica_batch_size, seed, r, skip_batches)

@@ -36,6 +36,11 @@ class InputContext:
   num_replicas: int
   start_step: int = 0   # Global steps already trained: a resumed pipeline skips their data.
 
+  @property
+  def replicas_per_pipeline(self) -> int:
+    """Replicas that take their batches, one after another, from this pipeline."""
+    return self.num_replicas // self.num_input_pipelines
+
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
   """Splits the global batch evenly; the math must not depend on the split."""

@@ -184,10 +184,10 @@ class D4PG(Workload):
     """Batches sampled from this worker's replay as the actors fill it (endless).
 
     One sample a step for all of this pipeline's replicas, split into their batches:
-    each draw from replay is a Python call (~0.5 ms on these cores), which 4 logical
-    replicas would otherwise pay 4 times a step.
+    each draw from replay is a Python call (~0.5 ms on one core of the 2-core EPYC of
+    results/scaling), which 4 logical replicas would otherwise pay 4 times a step.
     """
-    replicas_here = ctx.num_replicas // ctx.num_input_pipelines
+    replicas_here = ctx.replicas_per_pipeline
     signature = self.element_spec(ctx.per_replica_batch_size)
     stacked = {k: tf.TensorSpec((replicas_here, *spec.shape), spec.dtype)
                for k, spec in signature.items()}

@@ -160,7 +160,7 @@ class ConditionalGAN(Workload):
     this pipeline's R replicas take turns on its batches, so R * n_dis
     consecutive batches [k, r] become R elements [r][k].
     """
-    replicas_here = ctx.num_replicas // ctx.num_input_pipelines
+    replicas_here = ctx.replicas_per_pipeline
     source_ctx = dataclasses.replace(ctx, start_step=ctx.start_step * self.n_dis)
     ds = self.data.train(source_ctx, self.spec.seed)
 
