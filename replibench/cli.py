@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
-from replibench import errors, processes
+from replibench import allocator, errors, processes
 from replibench.cli_help import COMMANDS, command_help, overview
 from replibench.errors import UserError
 
@@ -233,6 +233,7 @@ def _help_request(argv: list[str]) -> str | None:
 
 def run_main():
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  allocator.keep_buffers_mapped()   # Before TensorFlow allocates (see allocator.py).
   text = _help_request(sys.argv)
   if text is not None:
     print(text)
