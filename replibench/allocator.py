@@ -30,6 +30,8 @@ import os
 # mallopt's parameter numbers (malloc.h) and the values set, in bytes.
 M_TOP_PAD, M_MMAP_THRESHOLD = -2, -3
 SETTINGS = ((M_TOP_PAD, 64 * 2**20), (M_MMAP_THRESHOLD, 32 * 2**20))
+APPLIED = "M_TOP_PAD 64 MiB, M_MMAP_THRESHOLD 32 MiB (replibench)"
+_applied = False
 
 
 def user_tunes_malloc(environ=None) -> bool:
@@ -53,4 +55,20 @@ def keep_buffers_mapped(environ=None) -> bool:
   except (OSError, AttributeError):
     return False
   mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-  return all([mallopt(param, value) == 1 for param, value in SETTINGS])   # Each one tried.
+  global _applied  # pylint: disable=global-statement
+  _applied = all([mallopt(param, value) == 1 for param, value in SETTINGS])   # Each one tried.
+  return _applied
+
+
+def describe(environ=None) -> str:
+  """The malloc settings this process runs with, for a run's machine record."""
+  environ = os.environ if environ is None else environ
+  if _applied:
+    return APPLIED
+  if user_tunes_malloc(environ):
+    tuned = {k: v for k, v in environ.items() if k.startswith("MALLOC_") and k.endswith("_")}
+    if "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+      tuned["GLIBC_TUNABLES"] = environ["GLIBC_TUNABLES"]
+    return "the environment's: " + (", ".join(f"{k}={v}" for k, v in sorted(tuned.items()))
+                                    or "REPLIBENCH_MALLOC=glibc (glibc's defaults)")
+  return "the C library's defaults"

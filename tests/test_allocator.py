@@ -28,7 +28,8 @@ libc.mallinfo2.restype = Info
 p = libc.malloc(4 << 20)
 ctypes.memset(p, 1, 4 << 20)
 libc.free(p)
-print(json.dumps({"set": set_, "keepcost": libc.mallinfo2().keepcost}))
+print(json.dumps({"set": set_, "keepcost": libc.mallinfo2().keepcost,
+                  "describe": allocator.describe()}))
 """
 
 
@@ -46,6 +47,7 @@ def test_freed_buffers_stay_mapped_for_the_next_step():
   tuned = _kept_after_free("tuned")
   assert tuned["set"] is True
   assert tuned["keepcost"] >= 64 << 20
+  assert tuned["describe"] == allocator.APPLIED
 
 
 @glibc_only
@@ -54,6 +56,7 @@ def test_a_users_own_malloc_tuning_is_left_as_it_is():
   tuned = _kept_after_free("tuned", env)
   assert tuned["set"] is False
   assert tuned["keepcost"] < 4 << 20
+  assert tuned["describe"] == "the environment's: GLIBC_TUNABLES=glibc.malloc.top_pad=0"
 
 
 @pytest.mark.parametrize("environ, expected", [
@@ -67,6 +70,13 @@ def test_a_users_own_malloc_tuning_is_left_as_it_is():
 ])
 def test_user_tunes_malloc(environ, expected):
   assert allocator.user_tunes_malloc(environ) is expected
+
+
+def test_describe_says_where_the_settings_came_from():
+  # This test process never called keep_buffers_mapped (only the CLI does).
+  assert allocator.describe({}) == "the C library's defaults"
+  assert allocator.describe({"MALLOC_TOP_PAD_": "0"}) == "the environment's: MALLOC_TOP_PAD_=0"
+  assert "glibc's defaults" in allocator.describe({"REPLIBENCH_MALLOC": "glibc"})
 
 
 def test_the_cli_tunes_malloc_before_anything_runs(monkeypatch):

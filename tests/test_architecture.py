@@ -28,7 +28,8 @@ ALLOWED = {
 }
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
-          "replibench.results", "replibench.processes", "replibench.rates"}
+          "replibench.results", "replibench.processes", "replibench.rates",
+          "replibench.allocator"}
 
 
 def _modules() -> dict[str, str]:

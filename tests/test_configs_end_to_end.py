@@ -44,6 +44,7 @@ def test_config_runs_end_to_end(config, topology, tmp_path):
   # The machine's fingerprint that `compare` needs to judge times at all.
   calibration = result.machine["calibration"]
   assert calibration and min(calibration.values()) > 0, result.machine
+  assert result.machine["malloc"], result.machine   # What the step times ran under.
 
   tags = helpers.event_tags(tmp_path)
   for tag in ("train/loss", "train/learning_rate", "train/examples_per_s",

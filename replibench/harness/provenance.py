@@ -15,6 +15,8 @@ import time
 
 import tensorflow as tf
 
+from replibench import allocator
+
 # The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd",
@@ -129,12 +131,13 @@ def _accelerator_peak_memory() -> dict:
 
 def machine(calibration: dict | None = None) -> dict:
   """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
-  sees with their peak memory in use (bytes, this process), and the calibration
-  measured at run start (None if none was)."""
+  sees with their peak memory in use (bytes, this process), the calibration
+  measured at run start (None if none was) and the malloc settings (allocator.py:
+  they move CPU step times by up to 2x)."""
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
           "isa_flags": isa_flags(), "accelerators": _accelerators(),
           "accelerator_peak_memory_bytes": _accelerator_peak_memory(),
-          "calibration": calibration}
+          "calibration": calibration, "malloc": allocator.describe()}
 
 
 def versions() -> dict:
