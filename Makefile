@@ -1,7 +1,7 @@
 # replibench: `make bench` runs the scaling suite, `make test` the tests.
 # Both create .venv at the repo root and install what they need on first use.
 #
-#   make bench            every workload's CPU-scale suite (17-25 min on a 2-core AVX-512 EPYC, 13 on the Zen 5 EPYC): sweep,
+#   make bench            every workload's CPU-scale suite (17-25 min on a 2-core AVX-512 EPYC, 12-13 on the Zen 5 EPYC): sweep,
 #                         report in results/latest/<workload>/, comparison with the
 #                         committed results/<workload>/baseline.json (exit 1 on a regression)
 #   make bench-smoke      the same at tiny scale (a few minutes), against smoke_baseline.json
