@@ -10,6 +10,9 @@
 #   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
 #   make bench-engine     engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
+#   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
+#                         (SUITE=resnet for one; HEAD=REV for another head; exit 1 on a regression)
+#   make history          the results history's HTML dashboard with change points (runs/history/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
 # `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
@@ -43,14 +46,21 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS)
 FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
+	bench-ab history \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
 
-$(STAMP): pyproject.toml
+# Apache Otava's E-divisive change points (replibench history) without its declared
+# requirements: they pin numpy 2.2 and scipy < 1.17 and pull BigQuery, Slack and Postgres
+# clients for its command line; its analysis module needs only numpy and scipy.
+OTAVA := apache-otava==0.8.0
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(OTAVA)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -78,7 +88,9 @@ test: install data
 
 # Each suite: sweep, report, compare. A failed trial or a regression fails the
 # target, but the report and the comparison are still printed, and `make bench`
-# goes on with the other suites before failing.
+# goes on with the other suites before failing. The full bench ($(7) = history) also
+# compares with the newest results history entry of this machine (informative: across
+# time a shared machine drifts; `make bench-ab` decides) and appends its trials to it.
 define run_suite
 	@rc=0; start=$$(date +%s); \
 	$(RB) sweep --sweep=$(SWEEP_$(1)) --workdir=$(2)/$(1) $(3) || rc=1; \
@@ -86,6 +98,9 @@ define run_suite
 	if [ -f results/$(1)/$(5) ]; then \
 	  $(RB) compare $(4)/$(1)/report.json --baseline=results/$(1)/$(5) $(6) || rc=1; \
 	else echo "no committed baseline results/$(1)/$(5) yet: see make bench-accept"; fi; \
+	if [ "$(7)" = history ]; then \
+	  $(RB) history compare $(2)/$(1) --suite=$(1) $(6) || rc=1; \
+	  $(RB) history record $(2)/$(1) --suite=$(1) || rc=1; fi; \
 	echo "bench $(1): $$(( $$(date +%s) - start )) s, runs in $(2)/$(1), report in $(4)/$(1)"; \
 	exit $$rc
 endef
@@ -95,7 +110,7 @@ bench: install data
 	  $(MAKE) --no-print-directory bench-$$w BENCH_ID=$(BENCH_ID) || rc=1; done; exit $$rc
 
 $(addprefix bench-,$(BENCH_SUITES)): bench-%: install data
-	$(call run_suite,$*,$(WORKDIR)/bench-$(BENCH_ID),,results/latest,baseline.json,$(FACTORS_$*))
+	$(call run_suite,$*,$(WORKDIR)/bench-$(BENCH_ID),,results/latest,baseline.json,$(FACTORS_$*),history)
 
 bench-smoke: install data
 	@rc=0; for w in $(BENCH_SUITES); do \
@@ -114,6 +129,17 @@ bench-accept:
 	      cp $$src/report.json results/$$w/$$dst.json; \
 	      if [ $$dst = baseline ]; then cp $$src/report.md $$src/*.png results/$$w/ 2>/dev/null || true; fi; \
 	      echo "results/$$w/$$dst.json <- $$src/report.json"; fi; done; done
+
+# A/B against BASE (default: the merge base with main, or HEAD~1 on main) on this machine:
+# both revisions checked out under runs/ab/worktrees/, trials interleaved (ABBA), paired
+# ratios with confidence intervals; report in runs/ab/<time>-<base>-<head>/. 30 min at most
+# for all three suites on a 2-core machine (results/tracking/README.md).
+SUITE ?= all
+bench-ab: install data
+	$(RB) ab --suite=$(SUITE) $(if $(BASE),--base=$(BASE)) $(if $(HEAD),--head=$(HEAD))
+
+history: install
+	$(RB) history --out=$(WORKDIR)/history
 
 bench-resnet-full: install data
 	$(RB) run --gin_file=configs/resnet/fashion_mnist.gin --workdir=$(WORKDIR)/resnet-full-$(BENCH_ID)

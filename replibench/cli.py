@@ -48,6 +48,23 @@ flags.DEFINE_list("judge", [], "The metrics compare decides on (default: the swe
                   "examples_per_s, final_metric.")
 flags.DEFINE_list("factors", [], "Minimum effect sizes as metric=fraction, e.g. "
                   "final_metric=0.5 for a noisy RL return (defaults: 0.1; final_metric 0.01).")
+flags.DEFINE_string("base", None, "ab: the base revision (default: the merge base with main, "
+                    "or HEAD~1 on main).")
+flags.DEFINE_string("head", None, "ab: the head revision (default HEAD, from a checkout "
+                    "without uncommitted changes to what a run measures).")
+flags.DEFINE_string("suite", None, "ab, bisect, history: resnet | sngan | d4pg | all.")
+flags.DEFINE_integer("rounds", None, "ab, bisect: runs of every trial per side (default: the "
+                     "suite's, replibench/tracking/suites.py).")
+flags.DEFINE_list("configs", None, "ab, bisect: only these configurations of the sweep "
+                  "(labels, e.g. replicas=1,workers=2).")
+flags.DEFINE_list("min_effect", [], "ab, bisect: minimum effects as metric=fraction (defaults "
+                  "0.05; final_metric 0.01): a smaller change is never a regression.")
+flags.DEFINE_list("metric", [], "ab: the metrics to judge (default: the sweep file's judge "
+                  "list); bisect: the one metric whose move it looks for.")
+flags.DEFINE_boolean("record", True, "ab: append the trials to the results history "
+                     "(results/history/, or $REPLIBENCH_HISTORY).")
+flags.DEFINE_string("good", None, "bisect: a revision where the metric is as it was.")
+flags.DEFINE_string("bad", None, "bisect: a later revision where it has moved.")
 
 
 def _compile():
@@ -188,8 +205,84 @@ def cmd_compare(args) -> int:
   return comparison.exit_code
 
 
+def _tracking_options(metrics=None):
+  from replibench.tracking import ab, commands  # pylint: disable=import-outside-toplevel
+  if FLAGS.seeds is not None and FLAGS.seeds < 1:
+    raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
+  return ab.Options(
+      rounds=FLAGS.rounds, seeds=tuple(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None,
+      configs=tuple(FLAGS.configs) if FLAGS.configs else None,
+      bindings=tuple(FLAGS.gin_bindings), metrics=metrics,
+      min_effects=commands.parse_min_effects(FLAGS.min_effect))
+
+
+def cmd_ab(args) -> int:
+  from replibench.tracking import ab_report, commands, revisions, suites  # pylint: disable=import-outside-toplevel
+  _no_arguments("ab", args)
+  suite_list = suites.parse(FLAGS.suite or "all")
+  options = _tracking_options(commands.parse_metrics(FLAGS.metric))
+  repo = revisions.repo_root()
+  base, head = commands.resolve_sides(repo, FLAGS.base, FLAGS.head)
+  outcomes, text = commands.run_ab(base, head, suite_list, options, repo, FLAGS.workdir,
+                                   history=FLAGS.record)
+  print(text)
+  return ab_report.exit_code(outcomes)
+
+
+def cmd_bisect(args) -> int:
+  from replibench.tracking import bisect, commands, revisions, suites  # pylint: disable=import-outside-toplevel
+  _no_arguments("bisect", args)
+  if not (FLAGS.good and FLAGS.bad and FLAGS.suite and len(FLAGS.metric) == 1):
+    raise UserError("bisect: --good, --bad, --suite (one suite) and --metric (one metric) are "
+                    "required; see `replibench bisect --help`.")
+  suite_list = suites.parse(FLAGS.suite)
+  if len(suite_list) != 1:
+    raise UserError(f"--suite={FLAGS.suite}: bisect follows one suite's metric; name one.")
+  metric = commands.parse_metrics(FLAGS.metric)[0]
+  if metric == "converged":
+    raise UserError("--metric=converged: bisect follows a measured metric (time_to_target_s, "
+                    "steps_to_target, examples_per_s or final_metric).")
+  repo = revisions.repo_root()
+  good = revisions.resolve(repo, FLAGS.good, "--good")
+  bad = revisions.resolve(repo, FLAGS.bad, "--bad")
+  workdir = FLAGS.workdir or os.path.join(repo, commands.AB_ROOT,
+                                          f"bisect-{good.sha[:7]}-{bad.sha[:7]}")
+  commands.check_workdir(workdir)
+  outcome = bisect.bisect(repo, good, bad, suite_list[0], metric, _tracking_options(), workdir)
+  print(f"first commit that moved {metric}: {outcome.first_moved.describe()} "
+        f"({len(outcome.steps)} A/B step(s), {outcome.seconds / 60:.1f} min; runs in {workdir})")
+  return errors.EXIT_OK
+
+
+def cmd_history(args) -> int:
+  from replibench.tracking import commands, revisions, suites  # pylint: disable=import-outside-toplevel
+  action = args[0] if args else "render"
+  if action == "render":
+    _no_arguments("history render", args[1:])
+    try:
+      repo = revisions.repo_root()
+    except UserError:   # Outside a checkout: the page lists commits without their subjects.
+      repo = None
+    path = commands.history_render(FLAGS.out or os.path.join("runs", "history"), repo)
+    print(f"wrote the history dashboard: {path}")
+    return errors.EXIT_OK
+  if action not in ("record", "compare") or len(args) != 2 or not FLAGS.suite:
+    raise UserError("history: `replibench history [render] [--out=DIR]`, or `replibench "
+                    "history record|compare SWEEP_DIR --suite=S`; see `replibench history "
+                    "--help`.")
+  suite = suites.parse(FLAGS.suite)
+  if len(suite) != 1:
+    raise UserError(f"--suite={FLAGS.suite}: name the one suite the sweep ran.")
+  if action == "record":
+    print(commands.history_record(args[1], suite[0].name, revisions.repo_root()))
+  else:
+    print(commands.history_compare(args[1], suite[0].name, _parse_factors(FLAGS.factors)))
+  return errors.EXIT_OK
+
+
 HANDLERS = {"run": cmd_run, "plan": cmd_plan, "predict": cmd_predict, "launch": cmd_launch,
-            "sweep": cmd_sweep, "report": cmd_report, "compare": cmd_compare}
+            "sweep": cmd_sweep, "report": cmd_report, "compare": cmd_compare,
+            "ab": cmd_ab, "bisect": cmd_bisect, "history": cmd_history}
 
 
 def main(argv) -> int:

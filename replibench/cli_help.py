@@ -60,6 +60,31 @@ COMMANDS = {
         "[--normalize]",
         ("baseline", "judge", "factors", "normalize"),
         "replibench compare runs/scaling --baseline=results/resnet/baseline.json"),
+    "ab": Command(
+        "A/B two revisions on this machine: both sides' suite trials interleaved (ABBA), "
+        "judged from paired ratios with confidence intervals; exit 1 on a regression.",
+        "replibench ab --base=REV [--head=REV] --suite=resnet|sngan|d4pg|all [--rounds=K] "
+        "[--seeds=K] [--configs=a,b] [--metric=m,...] [--min_effect=metric=fraction,...] "
+        "[--workdir=DIR] [--norecord]",
+        ("base", "head", "suite", "rounds", "seeds", "configs", "metric", "min_effect",
+         "gin_bindings", "workdir", "record"),
+        "replibench ab --base=main --suite=resnet"),
+    "bisect": Command(
+        "Find the first commit between --good and --bad that moved a metric, by A/B runs "
+        "against --good at midpoints (ceil(log2 n) steps for n commits).",
+        "replibench bisect --good=REV --bad=REV --suite=S --metric=M [--configs=a,b] "
+        "[--rounds=K] [--seeds=K] [--min_effect=M=fraction]",
+        ("good", "bad", "suite", "metric", "configs", "rounds", "seeds", "min_effect",
+         "gin_bindings", "workdir"),
+        "replibench bisect --good=HEAD~8 --bad=HEAD --suite=resnet --metric=examples_per_s "
+        "--configs=replicas=1"),
+    "history": Command(
+        "The results history (results/history/): render its HTML dashboard with change "
+        "points, or record / compare a finished bench sweep (make bench does both).",
+        "replibench history [render] [--out=DIR] | replibench history record|compare "
+        "SWEEP_DIR --suite=S [--factors=...]",
+        ("out", "suite", "factors"),
+        "replibench history --out=runs/history"),
 }
 
 EXIT_CODES = ("Exit codes: 0 success; 1 failure (a regression, a failed trial, a crash); "

@@ -25,6 +25,7 @@ ALLOWED = {
     "replibench.harness": {"replibench.engine", "replibench.config", "replibench.workloads"},
     "replibench.suite": set(),
     "replibench.predict": {"replibench.config"},
+    "replibench.tracking": {"replibench.suite"},
 }
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",

@@ -37,6 +37,10 @@ class Experiment:
   # Keras mixed-precision policy: 'float32' | 'mixed_bfloat16' | 'mixed_float16'
   # (replibench/workloads/precision.py: what stays float32, loss scaling).
   precision: str = "float32"
+  # The regression tracker's own test of its power, never set by a real config: the
+  # harness sleeps after every training call so that examples/s drop by this fraction
+  # (results/tracking/README.md). The operative config of a run shows it.
+  inject_slowdown: float = 0.0
 
   def __post_init__(self):
     """The one validation of a config, shared by `replibench plan` and `run`."""
@@ -70,6 +74,9 @@ class Experiment:
         raise UserError(f"Experiment.{name} = {value!r}: must be a positive, finite number.")
     if self.seed < 0:
       raise UserError(f"Experiment.seed = {self.seed}: must be >= 0.")
+    if not 0 <= self.inject_slowdown < 0.9:
+      raise UserError(f"Experiment.inject_slowdown = {self.inject_slowdown!r}: a fraction of "
+                      f"examples/s to remove, in [0, 0.9) (0: none, the default).")
     low, high = self.workload.target_range
     if not (math.isfinite(self.target) and low <= self.target <= high):
       raise UserError(
@@ -97,7 +104,7 @@ class Experiment:
                 "target": (int, float), "train_epochs": (int, float), "seed": int,
                 "eval_every_epochs": (int, float), "steps_per_call": int,
                 "checkpoint_every_epochs": (int, float), "log_every_steps": int,
-                "regime": Regime, "precision": str}
+                "regime": Regime, "precision": str, "inject_slowdown": (int, float)}
     for name, kind in expected.items():
       value = getattr(self, name)
       if not isinstance(value, kind) or isinstance(value, bool):

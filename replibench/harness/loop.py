@@ -138,6 +138,8 @@ class _Run:
     while int(self.step.numpy()) < self.limit:
       t0 = time.monotonic()
       outputs = self.train()
+      if exp.inject_slowdown:   # s / (1 - s) of the call's time removes s of examples/s.
+        time.sleep((time.monotonic() - t0) * exp.inject_slowdown / (1 - exp.inject_slowdown))
       step = int(self.step.assign_add(exp.steps_per_call).numpy())
       meter.trained(exp.steps_per_call, time.monotonic() - t0)
       self.workload.after_train_call(step)

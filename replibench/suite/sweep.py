@@ -58,11 +58,13 @@ class SweepOutcome:
     return sum(o.status == "failed" for o in self.outcomes)
 
 
-def trial_command(trial: Trial, trial_dir: str, cores: int | None = None) -> list[str]:
-  """The command line that runs one trial (in-process, or through `launch`)."""
+def trial_command(trial: Trial, trial_dir: str, cores: int | None = None,
+                  python: str | None = None) -> list[str]:
+  """The command line that runs one trial (in-process, or through `launch`), with
+  `python` (default: this interpreter)."""
   run = ["run", *(f"--gin_file={f}" for f in trial.gin_files),
          *(f"--gin_bindings={b}" for b in trial.bindings), f"--workdir={trial_dir}"]
-  base = [sys.executable, "-m", "replibench.cli"]
+  base = [python or sys.executable, "-m", "replibench.cli"]
   if not trial.launch.workers:
     return base + run
   cpus = trial.launch.cpus_per_worker
@@ -74,18 +76,21 @@ def trial_command(trial: Trial, trial_dir: str, cores: int | None = None) -> lis
                  "--cpus_per_worker", str(cpus), *ps, *network, "--"] + run
 
 
-def subprocess_runner(trial: Trial, trial_dir: str) -> int:
+def subprocess_runner(trial: Trial, trial_dir: str, python: str | None = None,
+                      cwd: str | None = None, env: dict[str, str] | None = None) -> int:
   """Runs the trial as a child process, appending its output to trial.log.
 
+  python, cwd and env: the interpreter, directory and environment it runs with
+  (default: this process's; the A/B tracker runs each side from its own checkout).
   The trial dies with the sweep (also on SIGKILL); SIGTERM / SIGINT to the sweep
   are passed to the trial, which is given TERM_GRACE_S to stop before the sweep
   stops too (processes.Terminated).
   """
-  command = trial_command(trial, trial_dir)
+  command = trial_command(trial, trial_dir, python=python)
   with open(os.path.join(trial_dir, LOG_FILE), "ab") as log:
     log.write(("$ " + " ".join(command) + "\n").encode())
     log.flush()
-    proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT)
+    proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
     try:
       with processes.forwarding_signals(lambda: [proc], processes.raise_terminated):
         return proc.wait()

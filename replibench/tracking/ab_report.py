@@ -1,0 +1,95 @@
+"""An A/B's outcome as a table, report.md and ab.json."""
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+from replibench import atomic
+from replibench.suite import report as report_lib
+from replibench.tracking import paired
+from replibench.tracking.ab import SideSpec, SuiteAB
+
+JSON_FILE, MD_FILE = "ab.json", "report.md"
+HEADER = ("suite", "config", "metric", "base", "head", "head/base [interval]", "level",
+          "verdict", "note")
+
+
+def _cells(ab: SuiteAB) -> list[tuple[str, ...]]:
+  cells = []
+  for row in ab.rows:
+    est = row.estimate
+    ratio = "-" if est is None else est.text()
+    level = "-" if est is None or est.low is None else f"{est.level:.1%}"
+    verdict = row.verdict.upper() if row.verdict == paired.REGRESSION else row.verdict
+    cells.append((ab.suite, row.config, row.label, row.base, row.head, ratio, level, verdict,
+                  row.note))
+  return cells
+
+
+def _sides(sides: Sequence[SideSpec]) -> list[str]:
+  return [f"{s.label}: {s.rev.describe()}, runs in {s.env.note}" for s in sides]
+
+
+def _summary(abs_: Sequence[SuiteAB]) -> str:
+  count = lambda v: sum(r.verdict == v for ab in abs_ for r in ab.rows)  # noqa: E731
+  return (f"{count(paired.REGRESSION)} regression(s), {count(paired.IMPROVEMENT)} "
+          f"improvement(s), {count(paired.NO_CHANGE)} unchanged, {count(paired.NO_VERDICT)} "
+          f"without a verdict; exit code {exit_code(abs_)}")
+
+
+def exit_code(abs_: Sequence[SuiteAB]) -> int:
+  return 1 if any(ab.regressions for ab in abs_) else 0
+
+
+def _notes(ab: SuiteAB) -> list[str]:
+  lines = [f"{ab.suite}: {len(ab.pairs)} pairs ({ab.rounds} round(s), ABBA), "
+           f"{ab.seconds / 60:.1f} min; judged: {', '.join(ab.judged)}"]
+  lines += [f"{ab.suite}: only at base (not run): {n}" for n in ab.only_base]
+  lines += [f"{ab.suite}: only at head (not run): {n}" for n in ab.only_head]
+  return lines
+
+
+def format_text(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str) -> str:
+  lines = [f"A/B on {machine}", *_sides(sides)]
+  cells = [HEADER] + [c for ab in abs_ for c in _cells(ab)]
+  for ab in abs_:
+    lines += _notes(ab)
+  lines += report_lib.text_table(cells)
+  lines.append("Ratios are geometric means of paired head/base values, with t intervals at "
+               "the row's level (95% over the rows judged together, Bonferroni); a verdict "
+               "needs the interval clear of 1 and the ratio beyond the minimum effect.")
+  lines.append(_summary(abs_))
+  return "\n".join(lines)
+
+
+def _markdown(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str) -> str:
+  out = ["# A/B", "", f"Machine: `{machine}`", ""]
+  out += [f"- {line}" for line in _sides(sides)]
+  for ab in abs_:
+    out += [f"- {line}" for line in _notes(ab)]
+  out += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+  out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+          for ab in abs_ for row in _cells(ab)]
+  out += ["", _summary(abs_), ""]
+  return "\n".join(out)
+
+
+def _to_dict(ab: SuiteAB) -> dict:
+  d = {k: v for k, v in dataclasses.asdict(ab).items() if k not in ("rows", "pairs")}
+  d["rows"] = [r.to_dict() for r in ab.rows]
+  d["pairs"] = [dataclasses.asdict(p) for p in ab.pairs]
+  return d
+
+
+def write(workdir: str, abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str,
+          machine_info: dict) -> dict[str, str]:
+  """Writes ab.json and report.md into workdir; returns {kind: path}."""
+  record = {"machine": machine, "machine_info": machine_info,
+            "sides": [{"label": s.label, **dataclasses.asdict(s.rev), "environment": s.env.note,
+                       "python": s.env.python} for s in sides],
+            "suites": [_to_dict(ab) for ab in abs_], "exit_code": exit_code(abs_)}
+  paths = {"json": os.path.join(workdir, JSON_FILE), "markdown": os.path.join(workdir, MD_FILE)}
+  atomic.write_text(paths["json"], json.dumps(record, indent=1) + "\n")
+  atomic.write_text(paths["markdown"], _markdown(abs_, sides, machine))
+  return paths

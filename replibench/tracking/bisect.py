@@ -1,0 +1,83 @@
+"""`replibench bisect`: the first commit that moved a metric, by A/B runs at midpoints.
+
+Between a good revision and a later bad one (first-parent history), each step
+runs an A/B of the good revision against the midpoint of the range still in
+doubt (ab.run_suite, so the same pairing, order and verdicts) and asks one
+question: did the metric move? A regression or an improvement beyond the
+minimum effect means it moved (the culprit is at or before the midpoint);
+otherwise it did not (the culprit is after it). The bad revision is taken as
+moved, as `git bisect` takes it, so n commits need ceil(log2 n) steps.
+"""
+
+import dataclasses
+import math
+import os
+import time
+
+from replibench.tracking import ab as ab_lib
+from replibench.tracking import environments, revisions
+from replibench.tracking import paired
+from replibench.tracking.suites import Suite
+from replibench.tracking.verdicts import ALL_CONFIGS
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  commit: revisions.Revision
+  estimate: paired.Estimate | None
+  verdict: str
+  moved: bool
+  seconds: float
+
+  def line(self, i: int, n: int, metric: str) -> str:
+    est = self.estimate.text() if self.estimate else "no estimate"
+    return (f"step {i}/{n}: {self.commit.describe()}: {metric} head/base {est} -> "
+            f"{self.verdict}: {'moved' if self.moved else 'not moved'} "
+            f"({self.seconds / 60:.1f} min)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  first_moved: revisions.Revision
+  steps: list[Step]
+  seconds: float
+
+
+def _suite_row(ab: ab_lib.SuiteAB, metric: str):
+  rows = [r for r in ab.rows if r.metric == metric]
+  pooled = [r for r in rows if r.config == ALL_CONFIGS]
+  return (pooled or rows)[0]
+
+
+def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: Suite,
+           metric: str, options: ab_lib.Options, workdir: str,
+           runner: ab_lib.Runner = ab_lib.subprocess_runner, log=print) -> Outcome:
+  """Finds the first commit after good (up to bad) whose A/B against good moves metric."""
+  commits = revisions.commits_between(repo, good, bad)
+  ab_lib.check_suites(repo, {"good": good, "bad": bad}, [suite])
+  options = dataclasses.replace(options, metrics=(metric,))
+  good_code = revisions.worktree(repo, good.sha)
+  good_side = ab_lib.SideSpec("base", good, environments.for_revision(repo, good, good_code, log))
+  lo, hi = 0, len(commits) - 1     # the culprit lies in commits[lo..hi]; commits[hi] moved
+  budget = math.ceil(math.log2(len(commits))) if len(commits) > 1 else 0
+  log(f"bisect: {len(commits)} commits after {good.describe()} up to {bad.describe()}; "
+      f"{budget} A/B step(s) at most, each judging {metric} on suite {suite.name}")
+  steps, started = [], time.monotonic()
+  while lo < hi:
+    mid = (lo + hi) // 2
+    commit = commits[mid]
+    step_start = time.monotonic()
+    code = revisions.worktree(repo, commit.sha)
+    head_side = ab_lib.SideSpec("head", commit, environments.for_revision(repo, commit, code, log))
+    ab, _ = ab_lib.run_suite(suite, (good_side, head_side),
+                             os.path.join(workdir, f"step{len(steps) + 1}-{commit.sha[:7]}"),
+                             options, runner, log=lambda line: None)
+    row = _suite_row(ab, metric)
+    moved = row.verdict in (paired.REGRESSION, paired.IMPROVEMENT)
+    steps.append(Step(commit, row.estimate, row.verdict, moved, time.monotonic() - step_start))
+    log(steps[-1].line(len(steps), budget, metric))
+    if moved:
+      hi = mid
+    else:
+      lo = mid + 1
+  return Outcome(commits[lo], steps, time.monotonic() - started)

@@ -1,0 +1,149 @@
+"""From an A/B's pairs of trials to rows: metric, base, head, ratio and interval, verdict.
+
+Rows come per configuration and, for each metric, one row for the whole suite that
+pools every configuration's pairs (a change in the code usually moves every
+configuration, and the pooled row has the most pairs). Family-wise error: the
+suite rows share a 5% budget over the metrics judged, the configuration rows
+another over metrics x configurations (Bonferroni), so an A/A run of identical
+code calls a regression in fewer than 5% of runs by construction, before the
+minimum effect lowers that further (results/tracking/README.md measures it).
+"""
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from replibench.tracking import paired
+
+ALL_CONFIGS = "all configs"
+# metric -> (label, lower is better); final_metric's direction comes from the workload.
+METRICS = {"time_to_target_s": ("time to target (s)", True),
+           "steps_to_target": ("steps to target", True),
+           "examples_per_s": ("examples/s", False),
+           "final_metric": ("final metric", None)}
+DEFAULT_MIN_EFFECT = {"time_to_target_s": 0.05, "steps_to_target": 0.05,
+                      "examples_per_s": 0.05, "final_metric": 0.01}
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+  """One trial's outcome as the verdicts need it."""
+  status: str                          # result.json status, or 'failed'
+  metrics: dict                        # {metric: value or None}
+
+  @property
+  def converged(self) -> bool:
+    return self.status == "reached" and self.metrics.get("time_to_target_s") is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  config: str
+  seed: int
+  round: int
+  order: str            # 'AB' (base ran first) or 'BA'
+  base: Side
+  head: Side
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  config: str
+  metric: str
+  label: str
+  base: str             # the base side's values, described
+  head: str
+  estimate: paired.Estimate | None
+  verdict: str
+  note: str = ""
+
+  def to_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["estimate"] = dataclasses.asdict(self.estimate) if self.estimate else None
+    return d
+
+
+def _values(pairs: Sequence[Pair], metric: str) -> tuple[list[float], list[float]]:
+  """Both sides' values over the pairs where both have one (times: both converged)."""
+  needs_target = metric in ("time_to_target_s", "steps_to_target")
+  base, head = [], []
+  for p in pairs:
+    if needs_target and not (p.base.converged and p.head.converged):
+      continue
+    b, h = p.base.metrics.get(metric), p.head.metrics.get(metric)
+    if b is not None and h is not None:
+      base.append(float(b))
+      head.append(float(h))
+  return base, head
+
+
+def _describe(values: list[float]) -> str:
+  if not values:
+    return "-"
+  median = float(np.median(values))
+  text = f"{median:.4g}" if abs(median) < 10 else f"{median:,.0f}" if median >= 1000 \
+      else f"{median:.1f}"
+  return f"{text} (median of {len(values)})"
+
+
+def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
+               min_effect: float, level: float, label: str) -> Row:
+  base, head = _values(pairs, metric)
+  est, verdict = paired.judge(base, head, lower_is_better, min_effect, level)
+  note = "" if est is not None else "no pair with a value on both sides"
+  if est is not None and est.low is None:
+    note = "one pair: no interval, no verdict (run more rounds or seeds)"
+  return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note)
+
+
+def convergence_row(config: str, pairs: Sequence[Pair]) -> Row:
+  """Reaching the target: a regression when head loses a target base reached in every
+  pair, or fails (crashes, no result) where base did not."""
+  n = len(pairs)
+  base_k = sum(p.base.converged for p in pairs)
+  head_k = sum(p.head.converged for p in pairs)
+  base_failed = sum(p.base.status == "failed" for p in pairs)
+  head_failed = sum(p.head.status == "failed" for p in pairs)
+  text = lambda k: f"{k}/{n} converged"  # noqa: E731
+  if head_failed > base_failed:
+    return Row(config, "converged", "converged", text(base_k), text(head_k), None,
+               paired.REGRESSION, f"head failed in {head_failed} of {n} trials (see their "
+               f"trial.log)")
+  lost = sum(p.base.converged and not p.head.converged for p in pairs)
+  gained = sum(p.head.converged and not p.base.converged for p in pairs)
+  if base_k >= 2 and head_k == 0 or lost >= 3 and gained == 0:
+    verdict, note = paired.REGRESSION, f"head missed the target in {lost} pair(s) base reached"
+  elif head_k >= 2 and base_k == 0 or gained >= 3 and lost == 0:
+    verdict, note = paired.IMPROVEMENT, f"head reached the target in {gained} more pair(s)"
+  else:
+    verdict, note = paired.NO_CHANGE, ""
+  if base_failed and base_failed == head_failed:
+    note = f"{base_failed} trial(s) failed on both sides"
+  return Row(config, "converged", "converged", text(base_k), text(head_k), None, verdict, note)
+
+
+def rows(pairs: Sequence[Pair], judged: Sequence[str], higher_is_better: bool,
+         min_effects: dict[str, float] | None = None,
+         family_level: float = paired.LEVEL) -> list[Row]:
+  """Every row of one suite's A/B: per metric, the pooled suite row first, then each
+  configuration's; convergence per configuration when judged."""
+  min_effects = {**DEFAULT_MIN_EFFECT, **(min_effects or {})}
+  configs = list(dict.fromkeys(p.config for p in pairs))
+  metrics = [m for m in METRICS if m in judged]
+  suite_level = paired.bonferroni(family_level, len(metrics))
+  config_level = paired.bonferroni(family_level, len(metrics) * len(configs))
+  out = []
+  if "converged" in judged:
+    out += [convergence_row(c, [p for p in pairs if p.config == c]) for c in configs]
+  for metric in metrics:
+    label, lower = METRICS[metric]
+    if lower is None:
+      lower = not higher_is_better
+    if len(configs) > 1:
+      out.append(metric_row(ALL_CONFIGS, metric, pairs, lower, min_effects[metric],
+                            suite_level, label))
+    level = config_level if len(configs) > 1 else suite_level
+    out += [metric_row(c, metric, [p for p in pairs if p.config == c], lower,
+                       min_effects[metric], level, label) for c in configs]
+  return out
