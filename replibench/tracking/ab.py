@@ -164,6 +164,7 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
               runner: Runner = subprocess_runner, log=print) -> tuple[SuiteAB, list]:
   """Runs one suite's pairs; returns its verdicts and (side, pair, result) for history."""
   base, head = sides
+  workdir = os.path.abspath(workdir)   # The trials run from their revision's checkout.
   head_sweep, head_trials = _trials(head, suite, options)
   _, base_trials = _trials(base, suite, options)
   names = [n for n in head_trials if n in base_trials]

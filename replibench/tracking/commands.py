@@ -1,11 +1,14 @@
 """The tracker's commands as the CLI calls them: ab, bisect, history."""
 
+import dataclasses
 import datetime
+import json
 import os
 from typing import Sequence
 
 import numpy as np
 
+from replibench import atomic
 from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench.suite import comparison as compare_lib
@@ -56,9 +59,27 @@ def _default_workdir(repo: str, base: revisions.Revision, head: revisions.Revisi
   return os.path.join(repo, AB_ROOT, f"{stamp}-{base.sha[:7]}-{head.sha[:7]}")
 
 
+PLAN_FILE = "ab-plan.json"
+
+
 def check_workdir(path: str) -> None:
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"--workdir={path} is a file; give a directory for the A/B's runs.")
+
+
+def claim_workdir(path: str, plan: dict) -> None:
+  """Records what this A/B runs in its directory; resuming one made for other revisions,
+  suites or options would mix their trials into this A/B's pairs: refused."""
+  check_workdir(path)
+  plan = json.loads(json.dumps(plan))   # As it reads back (tuples become lists).
+  file = os.path.join(path, PLAN_FILE)
+  before = atomic.read_json(file, None)
+  if before is not None and before != plan:
+    changed = sorted(k for k in set(before) | set(plan) if before.get(k) != plan.get(k))
+    raise UserError(f"--workdir={path} holds an A/B of other {', '.join(changed)} "
+                    f"({before.get(changed[0])!r} there, {plan.get(changed[0])!r} now): its "
+                    f"finished trials would be taken as this A/B's. Give a new --workdir.")
+  atomic.write_json(file, plan)
 
 
 def run_ab(base: revisions.Revision, head: revisions.Revision,
@@ -72,6 +93,9 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
   workdir = workdir or _default_workdir(repo, base, head)
   check_workdir(workdir)
   ab_lib.check_suites(repo, {"base": base, "head": head}, suite_list)
+  claim_workdir(workdir, {"base": base.sha, "head": head.sha,
+                          "suites": [s.name for s in suite_list],
+                          "options": dataclasses.asdict(options)})
   if base.sha == head.sha:
     log(f"A/A: base and head are the same commit {base.short}; any verdict is noise.")
   sides = ab_lib.prepare_sides(repo, base, head, log)

@@ -38,7 +38,8 @@ class Estimate:
   def text(self) -> str:
     if self.low is None:
       return f"{self.ratio:.3f} (n={self.n}, no interval)"
-    return f"{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}]"
+    bound = lambda x: "<0.01" if x < 0.01 else ">100" if x > 100 else f"{x:.3f}"  # noqa: E731
+    return f"{self.ratio:.3f} [{bound(self.low)}, {bound(self.high)}]"
 
 
 def log_ratios(base: Sequence[float], head: Sequence[float]) -> np.ndarray:

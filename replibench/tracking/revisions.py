@@ -33,7 +33,8 @@ class Revision:
 
   def describe(self) -> str:
     given = "" if self.sha.startswith(self.name) else f"{self.name} = "
-    return f"{given}{self.short} ({self.subject})"
+    subject = self.subject if len(self.subject) <= 72 else self.subject[:69] + "..."
+    return f"{given}{self.short} ({subject})"
 
 
 def git(repo: str, *args: str, check: bool = True) -> str:

@@ -1,0 +1,177 @@
+"""The A/B, bisect and history commands on a small git repository with a fake suite
+(tests/tracking_fakes.py): worktrees, environments, ABBA order, verdicts, bad input."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from replibench.errors import UserError
+from replibench.tracking import ab, bisect, commands, environments, revisions, store
+from tests import helpers
+from tests import tracking_fakes as fakes
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+  monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "history"))
+  return fakes.make_repo(tmp_path / "repo")
+
+
+def _ab(repo, base, head, runner=None, workdir="t", **options):
+  base_rev = revisions.resolve(repo, base, "--base")
+  head_rev = revisions.resolve(repo, head, "--head")
+  return commands.run_ab(base_rev, head_rev, [fakes.SUITE], ab.Options(**options), repo,
+                         os.path.join(repo, "runs", "ab", workdir),
+                         runner=runner or fakes.FakeRunner(), log=lambda line: None)
+
+
+def _row(outcome, metric, config="all configs"):
+  return next(r for r in outcome.rows if r.metric == metric and r.config == config)
+
+
+def test_a_slower_head_is_a_regression_and_the_same_code_is_not(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "slower", speed=0.9)
+  (outcome,), text = _ab(repo, good, "HEAD")
+  row = _row(outcome, "examples_per_s")
+  assert row.verdict == "regression" and row.estimate.ratio == pytest.approx(0.9, abs=0.03)
+  assert row.estimate.high < 1 and "REGRESSION" in text
+  assert _row(outcome, "time_to_target_s").verdict == "regression"
+  assert _row(outcome, "steps_to_target").verdict == "no change"
+  (same,), _ = _ab(repo, "HEAD", "HEAD", workdir="aa")
+  assert not same.regressions
+  with pytest.raises(UserError, match="holds an A/B of other base"):
+    _ab(repo, good, "HEAD", workdir="aa")
+
+
+def test_trials_run_interleaved_abba_from_each_revisions_checkout(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "faster", speed=1.2)
+  runner = fakes.FakeRunner()
+  (outcome,), _ = _ab(repo, good, "HEAD", runner=runner, rounds=2)
+  assert len(outcome.pairs) == 12 and len(runner.calls) == 24
+  first = [label for label, _, _ in runner.calls[::2]]
+  assert first[:4] == ["base", "head", "base", "head"]        # the leader alternates ...
+  assert first[6:10] == ["head", "base", "head", "base"]      # ... and flips each round
+  for label, name, trial_dir in runner.calls:
+    assert f"/fake/{label}/{name}/round=" in trial_dir
+  assert _row(outcome, "examples_per_s").verdict == "improvement"
+  # Run again on the same directory: every trial is final, none runs twice.
+  again = fakes.FakeRunner()
+  _ab(repo, good, "HEAD", runner=again, rounds=2)
+  assert again.calls == []
+
+
+def test_outputs_and_history_records_of_both_sides(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  head = fakes.commit(repo, "slower", speed=0.8)
+  _ab(repo, good, head)
+  report = json.load(open(os.path.join(repo, "runs", "ab", "t", "ab.json")))
+  assert report["exit_code"] == 1 and [s["sha"] for s in report["sides"]] == [good, head]
+  assert "| fake | all configs | examples/s |" in open(
+      os.path.join(repo, "runs", "ab", "t", "report.md")).read()
+  records = store.read()
+  assert {r.commit for r in records} == {good, head} and len(records) == 12
+  assert {r.source for r in records} == {"ab"} and len({r.machine for r in records}) == 1
+
+
+def test_the_worktree_holds_the_exact_commit_and_is_reused(repo):
+  sha = fakes.git(repo, "rev-parse", "HEAD")
+  path = revisions.worktree(repo, sha)
+  assert fakes.git(path, "rev-parse", "HEAD") == sha
+  assert revisions.worktree(repo, sha) == path
+  fakes.commit(repo, "next", speed=2.0)
+  assert open(os.path.join(path, "speed.txt")).read().strip() == "1.0"
+
+
+def test_environment_is_this_one_when_it_meets_the_requirements(repo, monkeypatch):
+  rev = revisions.resolve(repo, "HEAD", "--head")
+  env = environments.for_revision(repo, rev, "/code")
+  assert env.python == sys.executable and "meets" in env.note
+  assert env.variables()["PYTHONPATH"].split(os.pathsep)[0] == "/code"
+  fakes.commit(repo, "needs more", files={"pyproject.toml": fakes.PYPROJECT.replace(
+      '"numpy"', '"numpy", "no-such-package-xyz>=1"')})
+  built = {}
+  monkeypatch.setattr(environments, "_own_environment",
+                      lambda repo_, code, reqs, missing, log: built.setdefault("missing", missing))
+  environments.for_revision(repo, revisions.resolve(repo, "HEAD", "--head"), "/code")
+  assert built["missing"] == ["no-such-package-xyz>=1 (not installed)"]
+  assert environments.unmet(["numpy<1"])[0].startswith("numpy<1 (installed:")
+
+
+def test_bad_revisions_dirty_trees_and_missing_suites_are_clear_errors(repo):
+  with pytest.raises(UserError, match="--base=nope: no such revision"):
+    revisions.resolve(repo, "nope", "--base")
+  with open(os.path.join(repo, "speed.txt"), "w") as f:
+    f.write("0.5\n")
+  with pytest.raises(UserError, match="uncommitted changes to speed.txt"):
+    commands.resolve_sides(repo, "HEAD", None)
+  commands.resolve_sides(repo, "HEAD", "HEAD")          # an explicit head is checked out
+  fakes.git(repo, "checkout", "-q", "--", "speed.txt")
+  os.makedirs(os.path.join(repo, "results", "history"))   # results/ never makes it dirty
+  fakes.commit(repo, "history", files={"results/history/x.jsonl": ""})
+  with open(os.path.join(repo, "results", "history", "x.jsonl"), "w") as f:
+    f.write("{}\n")
+  commands.resolve_sides(repo, "HEAD", None)
+  first = fakes.git(repo, "rev-list", "--max-parents=0", "HEAD")
+  fakes.git(repo, "checkout", "-q", "--orphan", "bare")
+  fakes.git(repo, "rm", "-q", "-rf", "configs")
+  fakes.commit(repo, "no suite")
+  with pytest.raises(UserError, match="base revision .* has no configs/fake/fake.sweep"):
+    _ab(repo, "HEAD", first)
+
+
+def test_bisect_finds_the_commit_that_slowed_the_step(repo):
+  """8 commits after good, the 5th 15% slower: found in 3 A/B steps."""
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  shas = [fakes.commit(repo, f"commit {i}", speed=0.85 if i >= 5 else 1.0)
+          for i in range(1, 9)]
+  lines = []
+  outcome = bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
+                          revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE,
+                          "examples_per_s", ab.Options(), os.path.join(repo, "runs", "b"),
+                          runner=fakes.FakeRunner(), log=lines.append)
+  assert outcome.first_moved.sha == shas[4] and len(outcome.steps) == 3
+  assert sum(line.startswith("step ") for line in lines) == 3
+  with pytest.raises(UserError, match="not an ancestor"):
+    revisions.commits_between(repo, revisions.resolve(repo, "HEAD", "--good"),
+                              revisions.resolve(repo, good, "--bad"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ab", "--base=no-such-rev", "--head=HEAD", "--suite=resnet"], "--base=no-such-rev"),
+    (["ab", "--suite=resnet,nope", "--base=HEAD", "--head=HEAD"], "--suite=resnet,nope"),
+    (["ab", "--base=HEAD", "--head=HEAD", "--min_effect=examples_per_s=2"], "--min_effect"),
+    (["ab", "--base=HEAD", "--head=HEAD", "--rounds=0", "--norecord", "--suite=resnet",
+      "--workdir=/dev/null"], "--rounds=0"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=resnet"], "--metric"),
+    (["history", "compare", "x"], "--suite"),
+])
+def test_cli_bad_input_exits_2_with_one_paragraph(args, message):
+  run = helpers.cli(*args, timeout=120)
+  assert run.returncode == 2, helpers.failure_report(run)
+  assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def _bench_sweep(path, sha, speed):
+  """A finished bench sweep directory of the fake suite at commit sha."""
+  for config in ("replicas=1", "replicas=2"):
+    for seed in (1, 2, 3):
+      fakes.write_result(os.path.join(path, config, f"seed={seed}"), seed, speed,
+                         1 + 0.01 * seed, git_sha=sha)
+  return str(path)
+
+
+def test_bench_compares_with_the_newest_history_entry_then_records(repo, tmp_path):
+  sha = fakes.git(repo, "rev-parse", "HEAD")
+  first = _bench_sweep(tmp_path / "bench1" / "fake", sha, 1.0)
+  assert "make bench-ab" in commands.history_compare(first, "fake", {})
+  assert "6 trials of fake" in commands.history_record(first, "fake", repo)
+  slower = _bench_sweep(tmp_path / "bench2" / "fake", sha, 0.5)
+  text = commands.history_compare(slower, "fake", {})
+  assert f"commit {sha[:10]}, 6 trials" in text and "REGRESSION" in text
+  assert "make bench-ab BASE=" in text
+  dirty = _bench_sweep(tmp_path / "bench3" / "fake", sha + "-dirty", 1.0)
+  assert "not recorded" in commands.history_record(dirty, "fake", repo)

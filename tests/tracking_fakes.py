@@ -1,0 +1,101 @@
+"""A small git repository with a fake, fast suite, for the tracker's tests.
+
+The repository holds a sweep file (two configurations, seeds 1-3) and a file
+`speed.txt` whose number scales the fake trials' throughput: a commit that
+lowers it is a slowdown. The fake runner writes each trial's result.json from
+that number and a deterministic noise (no TensorFlow, no timing), so the A/B,
+history and bisect code runs exactly as on a real suite, in milliseconds.
+"""
+
+import hashlib
+import math
+import os
+import subprocess
+
+import numpy as np
+
+from replibench import results
+from replibench.tracking.suites import Suite
+
+SUITE = Suite("fake", "configs/fake/fake.sweep", rounds=1)
+SWEEP = """# Fake suite for the tracker's tests.
+description = "fake"
+gin_files = ["fake.gin"]
+seeds = [1, 2, 3]
+seed_binding = "Experiment.seed"
+judge = ["converged", "time_to_target_s", "steps_to_target", "examples_per_s"]
+
+[[axes]]
+name = "setup"
+
+[[axes.points]]
+label = "replicas=1"
+
+[[axes.points]]
+label = "replicas=2"
+"""
+PYPROJECT = '[project]\nname = "fake"\nversion = "0"\ndependencies = ["numpy"]\n'
+
+
+def git(repo, *args) -> str:
+  env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+  return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                        text=True, env=env).stdout.strip()
+
+
+def commit(repo, message: str, speed: float | None = None, files: dict | None = None) -> str:
+  """Commits speed.txt (if given) and files ({path: text}); returns the sha."""
+  for path, text in {**({"speed.txt": f"{speed}\n"} if speed is not None else {}),
+                     **(files or {})}.items():
+    full = os.path.join(repo, path)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as f:
+      f.write(text)
+  git(repo, "add", "-A")
+  git(repo, "commit", "-q", "--allow-empty", "-m", message)
+  return git(repo, "rev-parse", "HEAD")
+
+
+def make_repo(path, speed: float = 1.0) -> str:
+  """A fresh repository at path with the fake suite; returns its path."""
+  os.makedirs(path, exist_ok=True)
+  git(path, "init", "-q", "-b", "main")
+  with open(os.path.join(path, ".gitignore"), "w") as f:
+    f.write("/runs/\n")
+  commit(path, "fake suite", speed, {
+      "configs/fake/fake.sweep": SWEEP, "configs/fake/fake.gin": "# fake\n",
+      "pyproject.toml": PYPROJECT})
+  return str(path)
+
+
+def _noise(*key, sigma: float) -> float:
+  seed = int(hashlib.sha256(repr(key).encode()).hexdigest()[:8], 16)
+  return math.exp(sigma * np.random.default_rng(seed).standard_normal())
+
+
+def write_result(trial_dir: str, seed: int, speed: float, noise: float = 1.0,
+                 git_sha: str = "") -> None:
+  """A fake trial's result.json: examples/s = 1000 x speed x noise."""
+  eps = 1000.0 * speed * noise
+  results.write(trial_dir, results.RunResult(
+      status="reached", workload="fake", target_metric="eval/top1", target=0.5,
+      higher_is_better=True, time_to_target_s=10000.0 / eps, steps_to_target=100,
+      examples_per_s=eps, final_metric=0.6, seed=seed, git_sha=git_sha,
+      machine={"calibration": {"matmul_gflops": 100.0, "convnet_gflops": 50.0}}))
+
+
+class FakeRunner:
+  """A runner for ab.run_suite: examples/s = 1000 x speed.txt x noise; time to target
+  the other way. `sigma` is the log-normal noise of one trial."""
+
+  def __init__(self, sigma: float = 0.03, salt: str = ""):
+    self.sigma, self.salt, self.calls = sigma, salt, []
+
+  def __call__(self, side, trial, trial_dir):
+    with open(os.path.join(side.env.code, "speed.txt")) as f:
+      speed = float(f.read())
+    self.calls.append((side.label, trial.name, trial_dir))
+    noise = _noise(self.salt, side.label, trial.name, trial_dir, sigma=self.sigma)
+    write_result(trial_dir, trial.seed, speed, noise)
+    return 0
