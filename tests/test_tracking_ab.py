@@ -134,7 +134,7 @@ def test_bisect_finds_the_commit_that_slowed_the_step(repo):
                           "examples_per_s", ab.Options(), os.path.join(repo, "runs", "b"),
                           runner=fakes.FakeRunner(), log=lines.append)
   assert outcome.first_moved.sha == shas[4] and len(outcome.steps) == 3
-  assert sum(line.startswith("step ") for line in lines) == 3
+  assert sum(line.startswith("step ") for line in lines) == 3   # pairs are indented
   with pytest.raises(UserError, match="not an ancestor"):
     revisions.commits_between(repo, revisions.resolve(repo, "HEAD", "--good"),
                               revisions.resolve(repo, good, "--bad"))

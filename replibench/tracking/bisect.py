@@ -71,7 +71,7 @@ def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: 
     head_side = ab_lib.SideSpec("head", commit, environments.for_revision(repo, commit, code, log))
     ab, _ = ab_lib.run_suite(suite, (good_side, head_side),
                              os.path.join(workdir, f"step{len(steps) + 1}-{commit.sha[:7]}"),
-                             options, runner, log=lambda line: None)
+                             options, runner, log=lambda line: log(f"  {line}"))
     row = _suite_row(ab, metric)
     moved = row.verdict in (paired.REGRESSION, paired.IMPROVEMENT)
     steps.append(Step(commit, row.estimate, row.verdict, moved, time.monotonic() - step_start))
