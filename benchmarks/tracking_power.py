@@ -76,6 +76,9 @@ def main() -> int:
   parser.add_argument("--suite", default="resnet")
   parser.add_argument("--configs", default=None)
   parser.add_argument("--seeds", type=int, default=None)
+  parser.add_argument("--new_seeds", action="store_true",
+                      help="each A/B its own seeds (run i: seeds i*K+1 .. i*K+K): power over "
+                      "seed draws, for metrics that are deterministic given the seed")
   parser.add_argument("--rounds", type=int, default=None)
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
@@ -91,6 +94,7 @@ def main() -> int:
                f"--head={head}", f"--suite={args.suite}", f"--workdir={workdir}", "--norecord"]
     command += [f"--configs={args.configs}"] if args.configs else []
     command += [f"--seeds={args.seeds}"] if args.seeds else []
+    command += [f"--first_seed={i * args.seeds + 1}"] if args.new_seeds and args.seeds else []
     command += [f"--rounds={args.rounds}"] if args.rounds else []
     start = time.monotonic()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)

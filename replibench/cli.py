@@ -55,6 +55,8 @@ flags.DEFINE_string("head", None, "ab: the head revision (default HEAD, from a c
 flags.DEFINE_string("suite", None, "ab, bisect, history: resnet | sngan | d4pg | all.")
 flags.DEFINE_integer("rounds", None, "ab, bisect: runs of every trial per side (default: the "
                      "suite's, replibench/tracking/suites.py).")
+flags.DEFINE_integer("first_seed", 1, "ab, bisect: with --seeds=K, run seeds first_seed .. "
+                     "first_seed + K - 1 (another sample of seeds).")
 flags.DEFINE_list("configs", None, "ab, bisect: only these configurations of the sweep "
                   "(labels, e.g. replicas=1,workers=2).")
 flags.DEFINE_list("min_effect", [], "ab, bisect: minimum effects as metric=fraction (defaults "
@@ -209,8 +211,11 @@ def _tracking_options(metrics=None):
   from replibench.tracking import ab, commands  # pylint: disable=import-outside-toplevel
   if FLAGS.seeds is not None and FLAGS.seeds < 1:
     raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
+  if FLAGS.first_seed < 0 or FLAGS["first_seed"].present and FLAGS.seeds is None:
+    raise UserError(f"--first_seed={FLAGS.first_seed}: give it with --seeds=K, and >= 0.")
+  seeds = tuple(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)) if FLAGS.seeds else None
   return ab.Options(
-      rounds=FLAGS.rounds, seeds=tuple(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None,
+      rounds=FLAGS.rounds, seeds=seeds,
       configs=tuple(FLAGS.configs) if FLAGS.configs else None,
       bindings=tuple(FLAGS.gin_bindings), metrics=metrics,
       min_effects=commands.parse_min_effects(FLAGS.min_effect))

@@ -66,16 +66,16 @@ COMMANDS = {
         "replibench ab --base=REV [--head=REV] --suite=resnet|sngan|d4pg|all [--rounds=K] "
         "[--seeds=K] [--configs=a,b] [--metric=m,...] [--min_effect=metric=fraction,...] "
         "[--workdir=DIR] [--norecord]",
-        ("base", "head", "suite", "rounds", "seeds", "configs", "metric", "min_effect",
-         "gin_bindings", "workdir", "record"),
+        ("base", "head", "suite", "rounds", "seeds", "first_seed", "configs", "metric",
+         "min_effect", "gin_bindings", "workdir", "record"),
         "replibench ab --base=main --suite=resnet"),
     "bisect": Command(
         "Find the first commit between --good and --bad that moved a metric, by A/B runs "
         "against --good at midpoints (ceil(log2 n) steps for n commits).",
         "replibench bisect --good=REV --bad=REV --suite=S --metric=M [--configs=a,b] "
         "[--rounds=K] [--seeds=K] [--min_effect=M=fraction]",
-        ("good", "bad", "suite", "metric", "configs", "rounds", "seeds", "min_effect",
-         "gin_bindings", "workdir"),
+        ("good", "bad", "suite", "metric", "configs", "rounds", "seeds", "first_seed",
+         "min_effect", "gin_bindings", "workdir"),
         "replibench bisect --good=HEAD~8 --bad=HEAD --suite=resnet --metric=examples_per_s "
         "--configs=replicas=1"),
     "history": Command(
