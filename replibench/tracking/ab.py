@@ -136,12 +136,13 @@ def _outcome(trial_dir: str) -> tuple[verdicts.Side, results.RunResult | None]:
 
 
 def _run_side(side: SideSpec, trial: Trial, trial_dir: str, runner: Runner):
-  existing, result = _outcome(trial_dir)
-  if result is None or not result.is_final:
-    os.makedirs(trial_dir, exist_ok=True)
-    runner(side, trial, trial_dir)
-    existing, result = _outcome(trial_dir)
-  return existing, result
+  """The trial's outcome; runs it unless an earlier run of this A/B finished it."""
+  done = _outcome(trial_dir)
+  if done[1] is not None and done[1].is_final:
+    return done
+  os.makedirs(trial_dir, exist_ok=True)
+  runner(side, trial, trial_dir)
+  return _outcome(trial_dir)
 
 
 def _pair_line(i: int, n: int, r: int, name: str, base: verdicts.Side, head: verdicts.Side,
