@@ -82,7 +82,7 @@ def _no_arguments(command: str, args: list) -> None:
 
 
 def cmd_run(args) -> int:
-  from replibench.engine import ps  # pylint: disable=import-outside-toplevel
+  from replibench.engine import ps, regimes  # pylint: disable=import-outside-toplevel
   from replibench.harness.loop import run_experiment  # pylint: disable=import-outside-toplevel
   _no_arguments("run", args)
   if not FLAGS.workdir:
@@ -90,7 +90,7 @@ def cmd_run(args) -> int:
   if FLAGS.max_steps is not None and FLAGS.max_steps < 1:
     raise UserError(f"--max_steps={FLAGS.max_steps}: must be a positive number of steps.")
   experiment = _compile()
-  if isinstance(experiment.regime, ps.AsyncPS) and ps.is_server_task(experiment.topology):
+  if isinstance(experiment.regime, regimes.AsyncPS) and ps.is_server_task(experiment.topology):
     ps.serve(experiment.topology)   # A worker or ps task of an async cluster: never returns.
   result = run_experiment(experiment, FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (

@@ -52,7 +52,7 @@ class RunResult:
   regime_metrics: dict = dataclasses.field(default_factory=dict)
   communication: dict | None = None
   network: dict | None = None   # Bytes on the wire, in a launched cluster (harness/wire.py).
-  noise_scale: dict | None = None   # The gradient noise scale (engine/noise_scale.py).
+  noise_scale: dict | None = None   # The gradient noise scale (engine/measure/noise_scale.py).
   budget: dict = dataclasses.field(default_factory=dict)
   curve: list = dataclasses.field(default_factory=list)
   topology: str = ""

@@ -18,7 +18,7 @@ from replibench import engine
 from replibench.config import load_experiment
 from replibench.engine import regimes
 from replibench.engine import ps
-from replibench.engine.ps import regime as async_ps
+from replibench.engine.regimes import async_ps
 from replibench.errors import UserError
 from tests import helpers
 
@@ -196,7 +196,7 @@ def test_async_ps_checks_the_cluster_before_connecting(monkeypatch, tf_config, t
                                                         culprit):
   monkeypatch.setenv("TF_CONFIG", tf_config)
   with pytest.raises(UserError, match=culprit):
-    ps.AsyncReplicator(topology, ps.AsyncPS())
+    ps.AsyncReplicator(topology, regimes.AsyncPS())
 
 
 def test_synchronous_multiworker_rejects_parameter_servers(monkeypatch):

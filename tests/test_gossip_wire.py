@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
-from replibench.engine import collectives, communication, regimes
+from replibench.engine import collectives, regimes
+from replibench.engine.measure import communication
 from replibench.engine.regimes import gossip
 from tests import helpers
 

@@ -11,7 +11,7 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 import tensorflow as tf
 
 from replibench.config.experiment import Experiment
-from replibench.engine import communication
+from replibench.engine.measure import communication
 from replibench.workloads import precision as precision_lib
 
 
@@ -56,7 +56,7 @@ def make_plan(experiment: Experiment) -> dict:
 
 def communication_account(experiment: Experiment) -> dict | None:
   """Collectives one replica issues per step, by kind, from a trace of one replica's
-  step (engine/communication.py). The counts do not depend on the replica count;
+  step (engine/measure/communication.py). The counts do not depend on the replica count;
   each forward collective under a gradient tape adds one in the backward pass
   (cross-replica batch norm: two per layer), which the run's account counts."""
   workload, regime = experiment.workload, experiment.regime

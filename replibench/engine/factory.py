@@ -1,7 +1,7 @@
 """engine.make_replicator: the one place that picks a replicator for a topology and regime."""
 
-from replibench.engine.ps import AsyncPS, AsyncReplicator, BackupPS, BackupReplicator
-from replibench.engine.regimes.base import Regime, Sync
+from replibench.engine.ps import AsyncReplicator, BackupReplicator
+from replibench.engine.regimes import AsyncPS, BackupPS, Regime, Sync
 from replibench.engine.replicator import Replicator
 from replibench.engine.topology import Topology
 

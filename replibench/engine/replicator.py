@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster, collectives, communication
+from replibench.engine import cluster, collectives
+from replibench.engine.measure import communication
 from replibench.engine.regimes.base import Regime, Sync
 from replibench.engine.topology import Topology
 from replibench.errors import UserError
@@ -102,7 +103,7 @@ class CompiledStep:
     self._ledger = ledger
 
   def communication(self, time_collectives: bool = True, wire_counter=None) -> dict:
-    """The step's communication account (engine/communication.py); after trace().
+    """The step's communication account (engine/measure/communication.py); after trace().
 
     time_collectives runs the step's collectives alone a few times: on a
     multi-worker cluster every worker must call this together. wire_counter (a

@@ -21,7 +21,7 @@ from absl import logging
 
 from replibench import engine, results
 from replibench.config.experiment import Experiment
-from replibench.engine import noise_scale
+from replibench.engine.measure import noise_scale
 from replibench.harness import outcome, progress, provenance, wire, workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries

@@ -1,7 +1,7 @@
 """A run's RunResult, made from the harness's state at the end of a session."""
 
 from replibench import results
-from replibench.engine import noise_scale
+from replibench.engine.measure import noise_scale
 from replibench.harness import netns, provenance, wire
 
 

@@ -13,7 +13,7 @@ bytes_on_wire_per_step is what training steps send.
 Beside it the record states what the step's communication account predicts (the
 collectives traced in the step, with the ring algorithms' factors, plus each
 transfer's protocol overhead, measured on this link while the step's
-collectives ran alone at init: engine/communication.py), so measured and
+collectives ran alone at init: engine/measure/communication.py), so measured and
 expected sit side by side. Outside a launched namespace (a single process, or
 TF_CONFIG set by a cluster launcher) there is no private wire to count, and the
 run has no `network` record.

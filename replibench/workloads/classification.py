@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from replibench import engine
-from replibench.engine import cost
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.workloads import precision
 from replibench.workloads.base import TrainSpec, Workload

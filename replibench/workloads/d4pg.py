@@ -33,7 +33,8 @@ import tensorflow as tf
 
 from models import d4pg
 from replibench import engine
-from replibench.engine import cluster, cost
+from replibench.engine import cluster
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
 from replibench.rl import envs

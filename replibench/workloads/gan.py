@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from models.sngan import build_models, d_hinge_loss, g_hinge_loss
 from replibench import engine
-from replibench.engine import cost
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
 from replibench.workloads import precision

@@ -35,8 +35,9 @@ import numpy as np
 import tensorflow as tf
 
 from replibench.engine import cluster, collectives
-from replibench.engine.ps import serve, transfers
-from replibench.engine.ps.regime import AsyncPS
+from replibench.engine.measure import transfers
+from replibench.engine.ps import serve
+from replibench.engine.regimes.async_ps import AsyncPS
 from replibench.engine.replicator import InputContext, per_replica_batch_size
 from replibench.errors import UserError
 
@@ -173,7 +174,7 @@ class AsyncStep:
 
   def communication(self, time_collectives: bool = True, wire_counter=None) -> dict:
     """No collectives: the tensors each worker update pulls from and pushes to the ps
-    (transfers.py), per update, which is per worker and harness step; after trace().
+    (engine/measure/transfers.py), per update, which is per worker and harness step; after trace().
 
     time_collectives with wire_counter (a callable: bytes sent so far on a launched
     cluster's link) also measures each transfer's and closure's protocol bytes there,

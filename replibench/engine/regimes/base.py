@@ -20,7 +20,8 @@ both use.
 import gin
 import tensorflow as tf
 
-from replibench.engine import aggregation, noise_scale, training_kernels
+from replibench.engine import aggregation, training_kernels
+from replibench.engine.measure import noise_scale
 from replibench.engine.regimes.step_metrics import StepMetrics
 
 GRADIENTS, STATE = "gradient", "state"   # What a regime sends: see Regime.exchanges.
@@ -114,7 +115,7 @@ class Sync(Regime):
   name = "sync"
 
   def __init__(self, noise_scale: bool = True):
-    """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/noise_scale.py) on
+    """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/measure/noise_scale.py) on
     two or more replicas, for the gradient noise scale; off under loss scaling."""
     self._metrics = StepMetrics()
     self.noise_scale = noise_scale

@@ -53,7 +53,7 @@ built from those and TF's all-to-all, through the engine's collectives):
 (wire_bytes: 8 bytes a packed word plus 4 a tensor for the scales; 8 bytes a
 kept entry), the unit Sync reports 4 bytes an entry in
 ('regime/compression_ratio' = Sync bytes / these); the communication ledger
-(engine/communication.py) records the same collectives and applies the ring
+(engine/measure/communication.py) records the same collectives and applies the ring
 algorithms' factors. bits=32 and top_k=1.0 are lossless and run exactly as Sync.
 
 Sparse (IndexedSlices, embedding) gradients are compressed as dense tensors.

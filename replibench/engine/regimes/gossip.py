@@ -35,7 +35,8 @@ SwarmSGD; GradientTracking (gradient_tracking.py) mixes on the same graphs.
 import gin
 import tensorflow as tf
 
-from replibench.engine import collectives, communication
+from replibench.engine import collectives
+from replibench.engine.measure import communication
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.compressed import Compressed

@@ -17,13 +17,14 @@ respectively.
 import gin
 import tensorflow as tf
 
-from replibench.engine import collectives, communication
+from replibench.engine import collectives
+from replibench.engine.measure import communication
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.gossip import Gossip
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
-from replibench.engine import stragglers as stragglers_lib
-from replibench.engine.stragglers import Stragglers
+from replibench.engine.regimes import stragglers as stragglers_lib
+from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
 
 
@@ -34,7 +35,7 @@ class LocalSGD(Regime):
   average: None, the mean of all replicas in one all-reduce; or a
   @regimes.Gossip(), whose graph (and compression) mixes the copies instead:
   with @regimes.RandomMatching() and Compressed bits, SwarmSGD.
-  stragglers: None, or @regimes.Stragglers(): slowed replica steps (engine/stragglers.py).
+  stragglers: None, or @regimes.Stragglers(): slowed replica steps (engine/regimes/stragglers.py).
   """
 
   name = "local_sgd"

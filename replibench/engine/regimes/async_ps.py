@@ -22,7 +22,7 @@ chosen so that sync and async numbers compare:
   * Staleness ('regime/staleness', mean per call): replica steps of other
     workers that completed between a step's start (its read of the variables)
     and its own update, counted on one atomic counter on the ps.
-  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, engine/stragglers.py):
+  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, engine/regimes/stragglers.py):
     a slowed update sleeps between computing its gradients and pushing them (the
     first apply_gradients of its step), so its update lands later and staler, as
     a slow worker's would. Update u of the draw is the update counter read at the
@@ -37,8 +37,9 @@ import tensorflow as tf
 
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
-from replibench.engine import stragglers as stragglers_lib, training_kernels
-from replibench.engine.stragglers import Stragglers
+from replibench.engine import training_kernels
+from replibench.engine.regimes import stragglers as stragglers_lib
+from replibench.engine.regimes.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
 from replibench.errors import UserError
 
@@ -154,4 +155,4 @@ class AsyncPS(Regime):
   # wire_bytes (the base's): per worker update, the gradient pushed to the ps, as Sync
   # counts per replica. Pulling the parameters moves as many bytes again, more where a
   # step reads a variable twice (an L2 term): AsyncStep.communication's account
-  # (transfers.py) has every tensor that crosses.
+  # (engine/measure/transfers.py) has every tensor that crosses.
