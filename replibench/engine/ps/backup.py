@@ -35,11 +35,11 @@ import numpy as np
 import tensorflow as tf
 
 from replibench.engine import aggregation, collectives
-from replibench.engine.ps import serve
+from replibench.engine.interface import BaseStep
 from replibench.engine.ps.replicator import AsyncReplicator, WorkerGroup
 from replibench.engine.regimes.backup_ps import BINDING, BackupPS
 from replibench.engine.regimes.base import tensor_sizes
-from replibench.engine.replicator import InputContext, per_replica_batch_size
+from replibench.engine.spec import TrainSpec
 from replibench.errors import UserError
 
 _MAX_OUTPUTS = 64             # Scalars a step may output (summed on the ps for the chief).
@@ -63,32 +63,53 @@ class SlotGroup(WorkerGroup):
 class BackupReplicator(AsyncReplicator):
   """The parameter-server cluster of AsyncReplicator, compiling BackupStep's steps."""
 
-  def __init__(self, topology, regime: BackupPS):
-    regime.check(topology)
-    # b against TF_CONFIG's workers before connecting (attach checks it again).
-    regime.attach_check(serve.check_cluster(topology).count("worker"))
-    super().__init__(topology, regime)
-
-  def compile(self, step_fn, input_fn, global_batch_size: int, steps_per_call: int = 1,
-              start_step: int = 0) -> "BackupStep":
-    if steps_per_call < 1:
-      raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
-    return BackupStep(self, step_fn, input_fn, global_batch_size, steps_per_call, start_step)
+  def _compile(self, step_fn, input_fn, spec, start_step) -> "BackupStep":
+    return BackupStep(self, step_fn, input_fn, spec, start_step)
 
 
-class BackupStep:
-  """CompiledStep's interface: each call runs steps_per_call synchronous steps with
-  backup workers (module doc) and returns their outputs averaged, as host values."""
+def _counted(variable: tf.Variable, status: int) -> tf.Tensor:
+  """status, once variable has been incremented."""
+  with tf.control_dependencies([variable.assign_add(1, read_value=False)]):
+    return tf.constant(status)
 
-  def __init__(self, replicator: BackupReplicator, step_fn, input_fn, global_batch_size: int,
-               steps_per_call: int, start_step: int):
-    regime: BackupPS = replicator.regime
-    n, strategy = replicator.num_workers, replicator.strategy
-    self.regime, self.strategy, self.coordinator = regime, strategy, replicator.coordinator
-    self.steps_per_call, self.n = steps_per_call, n
-    self.taken = n - regime.backup_workers
+
+def _read(iterator, wanted: tf.Tensor) -> tuple:
+  """(index, batch) of element `wanted` of a worker's numbered stream: skips forward to
+  it (a worker's closures come in step order); an index past it was read before."""
+  index, batch = next(iterator)
+  return tf.while_loop(lambda i, _: i < wanted, lambda i, _: next(iterator), (index, batch))
+
+
+class BackupStep(BaseStep):
+  """Each call runs steps_per_call synchronous steps with backup workers (module doc)
+  and returns their outputs averaged, as host values."""
+
+  def __init__(self, replicator: BackupReplicator, step_fn, input_fn, spec: TrainSpec,
+               start_step: int):
+    super().__init__(replicator, spec)
+    self.regime: BackupPS = replicator.regime
+    self.strategy, self.coordinator = replicator.strategy, replicator.coordinator
+    self.n = spec.num_replicas
+    self.taken = self.n - self.regime.backup_workers
+    self._step_fn = step_fn
     self._ps = "/job:ps/replica:0/task:0"
-    with strategy.scope():
+    self._make_state()
+    self._t = 0                    # The step the chief runs next (== self._step).
+    self._tickets = collections.deque(maxlen=_TICKETS_KEPT)
+    self._slots = [tf.constant(k, tf.int64) for k in range(self.n)]
+    self._counted = (0, 0)
+    self._keys = None              # The step's output names, from the trace.
+    # One pipeline's view for N replicas, numbered: element i is replica i % N's
+    # batch of global batch i // N (after the resumed steps'). Every worker reads it all.
+    ctx = spec.input_context(start_step=start_step)
+    self.iterator = replicator.per_worker_iterator(lambda: input_fn(ctx).enumerate())
+    self._update = tf.function(self._closure)
+    self._apply = None
+
+  def _make_state(self) -> None:
+    """The step counter, the outputs' accumulator, the drop counters and the queue of
+    accepted closures' tokens, on the ps."""
+    with self.strategy.scope():
       self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="backup_ps_step")
       self._outputs = tf.Variable(tf.zeros([_MAX_OUTPUTS]), trainable=False,
                                   name="backup_ps_outputs")
@@ -96,107 +117,81 @@ class BackupStep:
       self._dropped = tf.Variable(0, dtype=tf.int64, trainable=False, name="backup_ps_dropped")
       self._late = tf.Variable(0, dtype=tf.int64, trainable=False, name="backup_ps_late")
     with tf.device(self._ps):
-      self._done = tf.queue.FIFOQueue(max(1024, 4 * n), [tf.int32], shapes=[[]],
+      self._done = tf.queue.FIFOQueue(max(1024, 4 * self.n), [tf.int32], shapes=[[]],
                                       name="backup_ps_done")
-    self._t = 0                    # The step the chief runs next (== self._step).
-    self._tickets = collections.deque(maxlen=_TICKETS_KEPT)
-    self._slots = [tf.constant(k, tf.int64) for k in range(n)]
-    self._counted = (0, 0)
-    self._keys = None              # The step's output names, from the trace.
 
-    # One pipeline's view for N replicas, numbered: element i is replica i % N's
-    # batch of global batch i // N (after the resumed steps').
-    ctx = InputContext(per_replica_batch_size(global_batch_size, n), 0, 1, n, start_step)
+  # -- a worker closure ------------------------------------------------------------
 
-    def dataset_fn(tf_ctx):
-      del tf_ctx   # Every worker reads the whole stream.
-      return input_fn(ctx).enumerate()
+  def _closure(self, iterator, step, slot, tickets):
+    """Slot `slot` of step `step` on whichever worker runs it: ACCEPTED, LATE or STALE."""
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    wanted = step * self.n + slot
+    stale = lambda: _counted(self._dropped, STALE)   # noqa: E731
 
-    @tf.function
-    def per_worker_dataset():
-      return strategy.distribute_datasets_from_function(dataset_fn)
+    def compute():
+      index, batch = _read(iterator, wanted)
+      return tf.cond(tf.equal(index, wanted),
+                     lambda: self.strategy.run(self._train, args=(batch, slot, tickets)), stale)
 
-    self.iterator = iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
+    def attempt():
+      stragglers = self.regime.stragglers
+      if stragglers is None or not stragglers.active:
+        return compute()
+      # A slowed closure sleeps first, then looks again whether its step is over.
+      awake = stragglers.delay(worker, wanted, tf.zeros([]))
+      with tf.control_dependencies([awake]):
+        current = tf.equal(self._step.read_value(), step)
+      return tf.cond(current, compute, stale)
 
-    def read(iterator, wanted):
-      """Element `wanted` of this worker's stream: skips forward to it (a worker's
-      closures come in step order); an index past it means it was read before."""
-      index, batch = next(iterator)
-      return tf.while_loop(lambda i, _: i < wanted, lambda i, _: next(iterator),
-                           (index, batch))
+    return tf.cond(tf.equal(self._step.read_value(), step), attempt, stale)
 
-    def counted(variable, status):
-      with tf.control_dependencies([variable.assign_add(1, read_value=False)]):
-        return tf.constant(status)
+  def _train(self, batch, slot, tickets):
+    """The slot's step on this worker; then its ticket decides whether it counts."""
+    with collectives.replica_group(SlotGroup(self.n, slot)):
+      with self.regime.recording() as recorded:
+        outputs = self._step_fn(batch)
+    if not recorded:
+      raise UserError(f"{BINDING}: the workload's step_fn applied no gradients "
+                      f"(regime.apply_gradients).")
+    grads = recorded[0]
+    if self._keys is None:
+      self._keys = sorted(outputs)
+    if len(self._keys) > _MAX_OUTPUTS or sorted(outputs) != self._keys:
+      raise UserError(f"{BINDING}: the step outputs {len(outputs)} values; at most "
+                      f"{_MAX_OUTPUTS} scalars, the same every step.")
+    packed = tf.stack([tf.cast(tf.reshape(outputs[k], []), tf.float32) for k in self._keys])
+    self._pushed = tensor_sizes(grads)
+    self._present = [g is not None for g in grads]
+    return self._ticketed(grads, tf.pad(packed, [[0, _MAX_OUTPUTS - len(self._keys)]]), tickets)
 
-    def stale():
-      return counted(self._dropped, STALE)
+  def _ticketed(self, grads: list, packed: tf.Tensor, tickets) -> tf.Tensor:
+    """On the ps once the gradients are there (a worker that dies after pushing leaves
+    a complete update, or a late one, behind, not a ticket whose gradient never comes):
+    the first `taken` tickets add their gradients and outputs and post a token."""
+    with tf.device(self._ps):
+      arrived = [tf.identity(tf.convert_to_tensor(g)) for g in grads if g is not None]
+      arrived_outputs = tf.identity(packed)
+      with tf.control_dependencies(arrived + [arrived_outputs]):
+        ticket = tf.raw_ops.ResourceCountUpTo(resource=tickets, limit=_TICKET_LIMIT,
+                                              T=tf.int64)
 
-    def train(batch, slot, tickets):
-      """The slot's step on this worker; then its ticket decides whether it counts."""
-      with collectives.replica_group(SlotGroup(n, slot)):
-        regime.begin_step()
-        outputs = step_fn(batch)
-      grads = regime.take_gradients()
-      if self._keys is None:
-        self._keys = sorted(outputs)
-      if len(self._keys) > _MAX_OUTPUTS or sorted(outputs) != self._keys:
-        raise UserError(f"{BINDING}: the step outputs {len(outputs)} values; at most "
-                        f"{_MAX_OUTPUTS} scalars, the same every step.")
-      packed = tf.stack([tf.cast(tf.reshape(outputs[k], []), tf.float32)
-                         for k in self._keys])
-      packed = tf.pad(packed, [[0, _MAX_OUTPUTS - len(self._keys)]])
-      self._pushed = tensor_sizes(grads)
-      self._present = [g is not None for g in grads]
-      # The ticket and what follows run on the ps once the gradients are there: a
-      # worker that dies after pushing leaves a complete update (or a late one)
-      # behind, not a ticket whose gradient never comes.
-      with tf.device(self._ps):
-        arrived = [tf.identity(tf.convert_to_tensor(g)) for g in grads if g is not None]
-        arrived_outputs = tf.identity(packed)
-        with tf.control_dependencies(arrived + [arrived_outputs]):
-          ticket = tf.raw_ops.ResourceCountUpTo(resource=tickets, limit=_TICKET_LIMIT,
-                                                T=tf.int64)
+      def add():
+        accumulators = [acc for g, acc in zip(grads, self.regime.learner[2]) if g is not None]
+        adds = [acc.assign_add(tf.cast(g, acc.dtype), read_value=False)
+                for g, acc in zip(arrived, accumulators)]
+        adds.append(self._outputs.assign_add(arrived_outputs, read_value=False))
+        with tf.control_dependencies(adds):
+          posted = self._done.enqueue(tf.constant(1, tf.int32))
+        with tf.control_dependencies([posted]):
+          return tf.constant(ACCEPTED)
 
-        def add():
-          accumulators = [acc for g, acc in zip(grads, regime.learner[2]) if g is not None]
-          adds = [acc.assign_add(tf.cast(g, acc.dtype), read_value=False)
-                  for g, acc in zip(arrived, accumulators)]
-          adds.append(self._outputs.assign_add(arrived_outputs, read_value=False))
-          with tf.control_dependencies(adds):
-            posted = self._done.enqueue(tf.constant(1, tf.int32))
-          with tf.control_dependencies([posted]):
-            return tf.constant(ACCEPTED)
+      def late():
+        with tf.control_dependencies([self._late.assign_add(1, read_value=False)]):
+          return _counted(self._dropped, LATE)
 
-        def late():
-          with tf.control_dependencies([self._late.assign_add(1, read_value=False)]):
-            return counted(self._dropped, LATE)
+      return tf.cond(ticket < self.taken, add, late)
 
-        return tf.cond(ticket < self.taken, add, late)
-
-    @tf.function
-    def update(iterator, step, slot, tickets):
-      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-      wanted = step * n + slot
-
-      def compute():
-        index, batch = read(iterator, wanted)
-        return tf.cond(tf.equal(index, wanted),
-                       lambda: strategy.run(train, args=(batch, slot, tickets)), stale)
-
-      def attempt():
-        if regime.stragglers is None or not regime.stragglers.active:
-          return compute()
-        # A slowed closure sleeps first, then looks again whether its step is over.
-        awake = regime.stragglers.delay(worker, wanted, tf.zeros([]))
-        with tf.control_dependencies([awake]):
-          current = tf.equal(self._step.read_value(), step)
-        return tf.cond(current, compute, stale)
-
-      return tf.cond(tf.equal(self._step.read_value(), step), attempt, stale)
-
-    self._update = update
-    self._apply = None
+  # -- the chief's half ------------------------------------------------------------
 
   def _build_apply(self):
     """The chief's half of a step (after the closure's trace recorded the gradients)."""
@@ -238,11 +233,9 @@ class BackupStep:
     return apply, counters
 
   def trace(self) -> None:
-    """Builds the closure's and the chief's graphs (part of init, not of the timed run).
-
-    The closure is traced the coordinator's way by scheduling it: N closures of a
-    step that is over (-1), which only count themselves, so the workers also load
-    the function before the timed run."""
+    """Builds the closure's and the chief's graphs. The closure is traced the
+    coordinator's way, by scheduling it: N closures of a step that is over (-1),
+    which only count themselves, so the workers also load it before the timed run."""
     with tf.device(self._ps):
       tickets = tf.Variable(tf.constant(0, tf.int64), trainable=False)
     over = tf.constant(-1, tf.int64)

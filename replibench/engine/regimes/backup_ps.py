@@ -60,6 +60,7 @@ import tensorflow as tf
 
 from replibench.engine.regimes import stragglers as stragglers_lib
 from replibench.engine.regimes.async_ps import AsyncPS
+from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
 
@@ -88,7 +89,6 @@ class BackupPS(AsyncPS):
     stragglers = stragglers_lib.checked(stragglers, "regimes.BackupPS.stragglers")
     self.backup_workers, self.stragglers = backup_workers, stragglers
     self.workers = 1              # N, set by the replicator from TF_CONFIG.
-    self._updates = None
     self._local = threading.local()
     self.learner = None           # (optimizer, variables, accumulators), from build_optimizer.
 
@@ -99,15 +99,9 @@ class BackupPS(AsyncPS):
           f"worker(s) ({where}): each step takes the first N - b of N workers' gradients, "
           f"so b must be at most {workers - 1}.")
 
-  def attach_check(self, workers: int) -> None:
-    """Raises UserError if the cluster's workers cannot run this regime's settings."""
+  def attach(self, workers: int) -> None:
     self._check_backups(workers, "in TF_CONFIG")
-    if self.stragglers is not None:
-      self.stragglers.check_workers(workers)
-
-  def attach(self, workers: int, updates_counter: tf.Variable) -> None:
-    self.attach_check(workers)
-    super().attach(workers, updates_counter)
+    super().attach(workers)
 
   def check(self, topology):
     super().check(topology)
@@ -139,24 +133,32 @@ class BackupPS(AsyncPS):
 
   # -- inside a worker closure's trace ---------------------------------------------
 
-  def _pending(self) -> list:
-    graph = tf.compat.v1.get_default_graph()
-    if getattr(self._local, "graph", None) is not graph:
-      self._local.graph, self._local.updates = graph, []
-    return self._local.updates
+  @contextlib.contextmanager
+  def recording(self):
+    """The replicator traces a slot's step_fn inside this block, which yields the list
+    that receives the gradients step_fn applies (one entry: a gradient per variable)."""
+    self._local.graph, self._local.recorded = tf.compat.v1.get_default_graph(), []
+    try:
+      yield self._local.recorded
+    finally:
+      self._local.recorded = None
 
-  def begin_step(self) -> list:
-    self._local.graph, self._local.updates = tf.compat.v1.get_default_graph(), []
-    return []
+  def _recorded(self) -> list:
+    """This trace's recorded gradients (`plan` traces a step outside any recording)."""
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(self._local, "graph", None) is not graph or self._local.recorded is None:
+      self._local.graph, self._local.recorded = graph, []
+    return self._local.recorded
 
   def apply_gradients(self, optimizer, grads, variables):
-    self.apply_gradients_jointly([(optimizer, grads, variables)])
+    return self.apply_gradients_jointly([(optimizer, grads, variables)])
 
   def apply_gradients_jointly(self, updates):
     """Records the step's gradients (the chief applies them); refuses a second call
-    or another optimizer than the one built."""
-    pending = self._pending()
-    if pending or len(updates) != 1:
+    or another optimizer than the one built. The chief reports the regime's metrics
+    (engine/ps/backup.py): none here."""
+    recorded = self._recorded()
+    if recorded or len(updates) != 1:
       self._refuse_several_updates("applies gradients more than once in a training step")
     (optimizer, grads, variables), = updates
     if self.learner is None or optimizer is not self.learner[0]:
@@ -164,19 +166,8 @@ class BackupPS(AsyncPS):
     if [id(v) for v in variables] != [id(v) for v in self.learner[1]]:
       raise UserError(f"{BINDING}: the workload applies gradients to other variables than "
                       f"those it built its optimizer for (regime.build_optimizer).")
-    pending.append(list(grads))
-
-  def take_gradients(self) -> list:
-    """The gradients recorded in this thread's current trace (one per variable, or None)."""
-    pending = self._pending()
-    if not pending:
-      raise UserError(f"{BINDING}: the workload's step_fn applied no gradients "
-                      f"(regime.apply_gradients).")
-    self._local.updates = []
-    return pending[0]
-
-  def step_metrics(self):
-    return {}   # The chief reports the regime's metrics (BackupStep).
+    recorded.append(list(grads))
+    return StepMetrics()
 
   # -- what it sends and how runs tell it apart -----------------------------------
 

@@ -161,7 +161,6 @@ class Compressed(Regime):
     self.bits, self.top_k, self.seed, self.wire = bits, top_k, seed, wire
     self._residuals = {}   # id(variable) -> (variable, its residual)
     self._servers = {}     # two_pass: id(optimizer) -> (optimizer, BlockLayout, server residual)
-    self._metrics = StepMetrics()
 
   @property
   def lossless(self) -> bool:
@@ -270,8 +269,10 @@ class Compressed(Regime):
     aggregation.apply_reduced(optimizer, reduced, [v for _, v in pairs])
     sizes = [x.shape.num_elements() for x in corrected]
     sent = self.wire_bytes(sizes, collectives.num_replicas())
-    self._metrics.add("regime/bytes_communicated", float(sent))
-    self._metrics.add("regime/sync_bytes", float(4 * sum(sizes)))
+    # The ratio of a step's sums: sync's bytes over the bytes sent.
+    return StepMetrics({"regime/bytes_communicated": float(sent),
+                        "regime/sync_bytes": float(4 * sum(sizes))},
+                       {"regime/compression_ratio": (_compression_ratio, ("regime/sync_bytes",))})
 
   def wire_bytes(self, sizes, num_replicas):
     """Bytes one replica contributes per step for float32 tensors of these sizes
@@ -291,13 +292,6 @@ class Compressed(Regime):
       return float(scales + scattered + gathered + shape)
     return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + scales)
 
-  def step_metrics(self):
-    metrics = self._metrics.take()
-    if "regime/sync_bytes" in metrics:
-      metrics["regime/compression_ratio"] = (
-          metrics.pop("regime/sync_bytes") / metrics["regime/bytes_communicated"])
-    return metrics
-
   def setting(self):
     if self.top_k is not None:
       return f"{self.name}(top_k={self.top_k:g})"
@@ -306,6 +300,10 @@ class Compressed(Regime):
   def hparams(self):
     return {"regime": self.name, "bits": self.bits or 0, "top_k": self.top_k or 0.0,
             "wire": self.wire}
+
+
+def _compression_ratio(sums: dict) -> tf.Tensor:
+  return sums["regime/sync_bytes"] / sums["regime/bytes_communicated"]
 
 
 def _per_replica_zeros(shape, dtype, name: str) -> tf.Variable:

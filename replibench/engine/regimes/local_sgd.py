@@ -55,7 +55,6 @@ class LocalSGD(Regime):
       average.check_every(sync_every, "regimes.LocalSGD.average")
     stragglers = stragglers_lib.checked(stragglers, "regimes.LocalSGD.stragglers")
     self.sync_every, self.average, self.stragglers = sync_every, average, stragglers
-    self._metrics = StepMetrics()
 
   def check(self, topology):
     if self.stragglers is not None:
@@ -72,16 +71,14 @@ class LocalSGD(Regime):
     if self.average is None:
       with communication.every(self.sync_every):   # The account counts it 1/H a step.
         replica_state.average_when(averaging, state)
+      mixing = StepMetrics()
     else:
-      self.average.average(state, len(params), optimizer.iterations, every=self.sync_every)
+      mixing = self.average.average(state, len(params), optimizer.iterations,
+                                    every=self.sync_every)
     # What each replica contributes to the exchange when it happens.
     sent = float(self.sync_every * self.wire_bytes(replica_state.state_sizes(state),
                                                    collectives.num_replicas()))
-    self._metrics.add("regime/bytes_communicated", tf.where(averaging, sent, 0.0))
-
-  def step_metrics(self):
-    own = self._metrics.take()
-    return {**own, **self.average.step_metrics()} if self.average else own
+    return StepMetrics({"regime/bytes_communicated": tf.where(averaging, sent, 0.0)}) + mixing
 
   def wire_bytes(self, sizes, num_replicas):
     """Parameters and slots (or the gossip's copies of them), once every sync_every
