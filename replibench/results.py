@@ -100,13 +100,13 @@ class NoiseScale(Record):
 @dataclasses.dataclass(frozen=True)
 class Machine(Record):
   """Where the run ran (harness/provenance.py); calibration in GFLOP/s at run start."""
-  cpu: str
-  cores: int
-  isa_flags: list
-  accelerators: list
-  accelerator_peak_memory_bytes: dict
-  calibration: dict | None
-  malloc: str | None
+  cpu: str = ""
+  cores: int = 0
+  isa_flags: list = dataclasses.field(default_factory=list)
+  accelerators: list = dataclasses.field(default_factory=list)
+  accelerator_peak_memory_bytes: dict = dataclasses.field(default_factory=dict)
+  calibration: dict | None = None
+  malloc: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +183,13 @@ class RunResult:
   error: str | None = None
   schema_version: int = SCHEMA_VERSION
 
+  def __post_init__(self):
+    # Records given as dicts (as schema 1 held them) become records.
+    for name, record in _records().items():
+      if isinstance(getattr(self, name), dict):
+        setattr(self, name, record.of(getattr(self, name)))
+    self.sessions = [Session(**s) if isinstance(s, dict) else s for s in self.sessions]
+
   @property
   def is_final(self) -> bool:
     return self.status in FINAL_STATUSES
@@ -215,9 +222,9 @@ class RunResult:
 
 
 def _from_v1(data: dict) -> dict:
-  """A schema 0/1 result as schema 2 reads it: its records' absent fields are null (a
-  machine's absent lists empty), an empty budget or machine (a result made without
-  one) is none, and the noise scale's per-replica batch (a float then) is an integer."""
+  """A schema 0/1 result as schema 2 reads it: its records' absent fields are null, an
+  empty budget or machine (a result made without one) is none, and the noise scale's
+  per-replica batch (a float then) is an integer."""
   data = dict(data)
   for name, record in _records().items():
     value = data.get(name)
@@ -225,9 +232,6 @@ def _from_v1(data: dict) -> dict:
       data[name] = None
     elif isinstance(value, dict):
       data[name] = {**dict.fromkeys(_optional(record)), **value}
-  if isinstance(data.get("machine"), dict):
-    data["machine"] = {"isa_flags": [], "accelerators": [], "accelerator_peak_memory_bytes": {},
-                       **data["machine"]}
   noise = data.get("noise_scale")
   if isinstance(noise, dict) and isinstance(noise.get("per_replica_batch"), float):
     data["noise_scale"] = {**noise, "per_replica_batch": int(noise["per_replica_batch"])}
