@@ -113,7 +113,9 @@ class AsyncReplicator(BaseReplicator):
     return values
 
   def per_worker_iterator(self, dataset_fn: Callable[[], tf.data.Dataset]):
-    """An iterator over a dataset every worker builds for itself with dataset_fn()."""
+    """An iterator over a dataset every worker builds for itself with dataset_fn()
+    (ParameterServerStrategy gives every worker input pipeline 0 of 1: dataset_fn asks
+    which worker it runs on)."""
 
     @tf.function
     def per_worker_dataset():
