@@ -53,12 +53,9 @@ def test_no_backup_workers_trains_exactly_like_sync(tmp_path):
   unscaled. Tolerance: float32 round-off in different processes (as
   test_async_ps's W = 1 test: ~1e-6 of each tensor's scale after two steps)."""
   flags = _flags(RESNET, "ImageClassification.warmup_epochs = 0", PER_REPLICA_BN)
-  local = helpers.cli("run", *flags, "--gin_file=configs/topology/local2.gin", "--max_steps=2",
-                      f"--workdir={tmp_path / 'sync'}")
-  assert local.returncode == 0, local.stderr[-3000:]
-  launched = helpers.cli(*_launch(2, flags + ["--max_steps=2"], tmp_path / "backup"))
-  assert launched.returncode == 0, helpers.failure_report(launched)
-  sync, backup = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "backup")
+  sync, backup = async_ps_test._beside_sync(  # pylint: disable=protected-access
+      tmp_path, flags, 2, "backup", local=["--gin_file=configs/topology/local2.gin"],
+      topology=BACKUP)
   assert (backup.num_workers, backup.num_replicas) == (2, 2)
   assert sync.final_step == backup.final_step == 2
   assert backup.hparams["regime_setting"] == "backup_ps(backup_workers=0)"
