@@ -137,8 +137,11 @@ def test_synthetic_config_runs_and_reports_throughput_only(config, tmp_path):
   assert record["time_to_target"] == SYNTHETIC_TIME_TO_TARGET
   assert record["devices"] == replicas == len(record["device_names"])
   assert record["examples_per_s"] == result.examples_per_s > 0
-  assert record["examples_per_s_per_device"] == pytest.approx(result.examples_per_s / replicas)
-  assert record["step_s"] == pytest.approx(result.global_batch_size / result.examples_per_s)
+  # The record keeps 6 significant digits.
+  assert record["examples_per_s_per_device"] == pytest.approx(result.examples_per_s / replicas,
+                                                              rel=1e-5)
+  assert record["step_s"] == pytest.approx(result.global_batch_size / result.examples_per_s,
+                                           rel=1e-5)
   for key in ("train_flops_per_example", "achieved_flops_per_s",
               "fraction_of_calibrated_matmul", "peak_host_memory_bytes"):
     assert math.isfinite(record[key]) and record[key] > 0, (key, record)
@@ -153,3 +156,16 @@ def test_synthetic_config_runs_and_reports_throughput_only(config, tmp_path):
   assert not any(tag.startswith("eval/") for tag in tags)
   (_, text), = tags["time_to_target"]
   assert make_ndarray(text).item().decode().startswith("undefined: synthetic data")
+
+
+@pytest.mark.gpu
+def test_synthetic_resnet_runs_on_a_gpu_replica(tmp_path):
+  config = "configs/resnet/imagenet_synthetic.gin"
+  files = [os.path.join(helpers.REPO, config),
+           os.path.join(helpers.REPO, "configs", "topology", "local1.gin")]
+  bindings = helpers.TINY_SYNTHETIC[config] + ["topology.Local.device = 'gpu'",
+                                               "Experiment.precision = 'mixed_bfloat16'"]
+  record = run_experiment(load_experiment(files, bindings), str(tmp_path)).throughput
+  assert "GPU" in record["device_names"][0] and record["examples_per_s"] > 0
+  assert record["fraction_of_calibrated_matmul"] is None   # A GPU's peak: a device profile.
+  assert max(record["peak_accelerator_memory_bytes"].values()) > 0
