@@ -27,15 +27,11 @@ import argparse
 import collections
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
 CONFIG = "configs/resnet/imagenet_synthetic.gin"
 TINY = "configs/resnet/synthetic_tiny.gin"
 
@@ -92,25 +88,14 @@ def bytes_per_example(facts: dict, batch: int) -> float:
   return 4 * 4 * facts["activations"] + 7 * 4 * facts["parameters"] / batch
 
 
-def run_config(batch: int, steps: int, tiny: bool, env: dict | None = None,
-               capture: bool = False):
-  """One `replibench run` of the synthetic config; (result.json, stdout or None)."""
-  with tempfile.TemporaryDirectory() as workdir:
-    bindings = ([f"include '{TINY}'"] if tiny else []) + [
-        f"Experiment.global_batch_size = {batch}", "Experiment.steps_per_call = 1",
-        "Experiment.log_every_steps = 1", "Experiment.train_epochs = 1000",
-        "topology.Local.device = 'cpu'"]
-    cmd = [sys.executable, "-m", "replibench.cli", "run", f"--gin_file={CONFIG}",
-           *(f"--gin_bindings={b}" for b in bindings), f"--max_steps={steps}",
-           f"--workdir={workdir}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
-    path = os.path.join(workdir, "result.json")
-    if proc.returncode or not os.path.exists(path):
-      raise RuntimeError(f"batch {batch} failed ({proc.returncode}):\n"
-                         f"{(proc.stdout + proc.stderr)[-4000:]}")
-    with open(path) as f:
-      return json.load(f), (proc.stdout + proc.stderr if capture else None)
+def run_config(batch: int, steps: int, tiny: bool, env: dict | None = None):
+  """One `replibench run` of the synthetic config, 1 CPU replica: (result.json, output)."""
+  bindings = ([f"include '{TINY}'"] if tiny else []) + [
+      f"Experiment.global_batch_size = {batch}", "Experiment.steps_per_call = 1",
+      "Experiment.log_every_steps = 1", "Experiment.train_epochs = 1000",
+      "topology.Local.device = 'cpu'"]
+  return bench_runs.run(bench_runs.command(CONFIG, "replicas", 1, bindings, steps, "WORKDIR"),
+                        f"batch {batch}", {"CUDA_VISIBLE_DEVICES": "", **(env or {})})
 
 
 def available_bytes() -> int:
@@ -160,7 +145,7 @@ def _row_line(r: dict) -> str:
 def onednn_profile(batch: int, steps: int, tiny: bool) -> dict:
   """oneDNN execution time a step by (primitive, implementation, propagation kind), from
   ONEDNN_VERBOSE's exec lines."""
-  result, output = run_config(batch, steps, tiny, env={"ONEDNN_VERBOSE": "1"}, capture=True)
+  result, output = run_config(batch, steps, tiny, env={"ONEDNN_VERBOSE": "1"})
   ms = collections.Counter()
   for line in output.splitlines():
     fields = line.split(",")

@@ -30,15 +30,15 @@ efficiency (speed-up / N): the accelerator machine's run (tools/accelerator).
 
 import argparse
 import dataclasses
-import json
 import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
+
+REPO = bench_runs.REPO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,28 +107,14 @@ def worker_setups(counts: list[int]) -> list[Setup]:
 def command(w: Workload, s: Setup, workdir: str, cpus_per_worker: int = 1) -> list[str]:
   batch = round(w.global_batch * s.batch_factor)
   bindings = [*w.bindings, *QUIET, f"Experiment.global_batch_size = {batch}"]
-  if s.kind == "replicas":
-    topology = f"configs/topology/local{s.n}.gin"
-  else:
-    topology = "configs/topology/workers.gin"
-    bindings.append(f"topology.MultiWorker.workers = {s.n}")
-  run = ["run", f"--gin_file={w.gin_file}", f"--gin_file={topology}",
-         *(f"--gin_bindings={b}" for b in bindings), f"--max_steps={w.steps}",
-         f"--workdir={workdir}"]
-  base = [sys.executable, "-m", "replibench.cli"]
-  if s.kind == "replicas":
-    return ["taskset", "-c", s.cores, *base, *run]
-  return [*base, "launch", f"--workers={s.n}", f"--cpus_per_worker={cpus_per_worker}", "--",
-          *run]
+  cmd = bench_runs.command(w.gin_file, s.kind, s.n, bindings, w.steps, workdir, cpus_per_worker)
+  return ["taskset", "-c", s.cores, *cmd] if s.kind == "replicas" else cmd
 
 
 def measure(w: Workload, s: Setup, cpus_per_worker: int = 1) -> dict:
   if s.kind == "pair":
     return _measure_pair(w, s)
-  with tempfile.TemporaryDirectory() as workdir:
-    proc = subprocess.run(command(w, s, workdir, cpus_per_worker), cwd=REPO,
-                          capture_output=True, text=True)
-    return _result(w, s, workdir, proc.returncode, proc.stdout + proc.stderr)
+  return bench_runs.run(command(w, s, "WORKDIR", cpus_per_worker), f"{w.name} {s.label}")[0]
 
 
 def _measure_pair(w: Workload, s: Setup) -> dict:
@@ -147,17 +133,10 @@ def _measure_pair(w: Workload, s: Setup) -> dict:
       log.seek(0)
       outputs.append(log.read())
       log.close()
-    results = [_result(w, s, d, code, out) for d, code, out in zip(dirs, codes, outputs)]
+    results = [bench_runs.result(d, code, out, f"{w.name} {s.label}")
+               for d, code, out in zip(dirs, codes, outputs)]
   return {**results[0], "examples_per_s": sum(r["examples_per_s"] for r in results),
           "init_s": max(r["init_s"] for r in results)}
-
-
-def _result(w: Workload, s: Setup, workdir: str, returncode: int, output: str) -> dict:
-  path = os.path.join(workdir, "result.json")
-  if returncode or not os.path.exists(path):
-    raise RuntimeError(f"{w.name} {s.label} failed ({returncode}):\n{output[-6000:]}")
-  with open(path) as f:
-    return json.load(f)
 
 
 def _median(results: list[dict], key) -> float | None:
@@ -263,8 +242,8 @@ def main():
   for name in args.workloads.split(","):
     w = WORKLOADS[name]
     if args.dry_run:
-      print("\n".join(f"{name} {s.label}: {shlex.join(command(w, s, 'WORKDIR', args.cpus_per_worker))}"
-                      for s in chosen))
+      for s in chosen:
+        print(f"{name} {s.label}: {shlex.join(command(w, s, 'WORKDIR', args.cpus_per_worker))}")
       continue
     runs = {s.label: [] for s in chosen}
     for r in range(args.rounds):

@@ -37,12 +37,11 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
+
+REPO = bench_runs.REPO
 FAILED = "bench_failure"   # A trial's key when its run failed (result.json has "error").
 
 
@@ -136,19 +135,9 @@ def command(t: Trial, machine: Machine, args, workdir: str) -> list[str]:
                f"Experiment.log_every_steps = {steps_per_call}",
                "Experiment.train_epochs = 1000"]   # --max_steps ends the run.
   if t.kind == "replicas":
-    topology = f"configs/topology/local{t.n}.gin"
     bindings.append(f"topology.Local.device = '{machine.device}'")
-  else:
-    topology = "configs/topology/workers.gin"
-    bindings.append(f"topology.MultiWorker.workers = {t.n}")
-  run = ["run", f"--gin_file={model.config}", f"--gin_file={topology}",
-         *(f"--gin_bindings={b}" for b in bindings), f"--max_steps={steps}",
-         f"--workdir={workdir}"]
-  base = [sys.executable, "-m", "replibench.cli"]
-  if t.kind == "replicas":
-    return [*base, *run]
-  return [*base, "launch", f"--workers={t.n}", f"--cpus_per_worker={args.cpus_per_worker}",
-          "--", *run]
+  return bench_runs.command(model.config, t.kind, t.n, bindings, steps, workdir,
+                            args.cpus_per_worker)
 
 
 def _tiny_batch(model: Model) -> int:
@@ -160,25 +149,18 @@ def _tiny_batch(model: Model) -> int:
 
 
 def environment(machine: Machine) -> dict:
-  env = dict(os.environ)
-  if machine.device == "cpu":
-    env["CUDA_VISIBLE_DEVICES"] = ""   # A GPU machine's CPU figures are the CPU's.
-  return env
+  # A GPU machine's CPU figures are the CPU's.
+  return {"CUDA_VISIBLE_DEVICES": ""} if machine.device == "cpu" else {}
 
 
 def measure(t: Trial, machine: Machine, args) -> dict:
-  with tempfile.TemporaryDirectory() as workdir:
-    started = time.monotonic()
-    proc = subprocess.run(command(t, machine, args, workdir), cwd=REPO, capture_output=True,
-                          text=True, env=environment(machine))
-    path = os.path.join(workdir, "result.json")
-    if proc.returncode or not os.path.exists(path):
-      output = proc.stdout + proc.stderr
-      return {FAILED: f"exit {proc.returncode}: {output[-3000:]}"}
-    with open(path) as f:
-      result = json.load(f)
-    result["wall_s"] = round(time.monotonic() - started, 1)
-    return result
+  started = time.monotonic()
+  try:
+    result, _ = bench_runs.run(command(t, machine, args, "WORKDIR"), t.label,
+                               environment(machine))
+  except RuntimeError as e:
+    return {FAILED: str(e)[-3000:]}
+  return {**result, "wall_s": round(time.monotonic() - started, 1)}
 
 
 def peak_flops(machine: Machine, precision: str) -> tuple[float | None, str]:
@@ -299,16 +281,25 @@ def main():
       said = (f"FAILED {result[FAILED]}" if FAILED in result else
               f"{result['throughput']['examples_per_s']} ex/s, {result['wall_s']} s")
       print(f"[round {r + 1}/{args.rounds}] {t.label}: {said}", flush=True)
+      if args.out:   # After every trial: a run cut short by a time limit keeps its rows.
+        write(args.out, *report({k: v for k, v in runs.items() if v}, machine, args))
+  rows, lines = report(runs, machine, args)
+  print("\n".join(lines), flush=True)
+
+
+def report(runs: dict, machine: Machine, args) -> tuple[list[dict], list[str]]:
   rows = _rows(runs, machine, args)
   lines = [f"machine: {describe_machine([r for rs in runs.values() for r in rs])}",
            *(f"peak, {p}: {peak_flops(machine, p)[1]}" for p in dict.fromkeys(
-               t.precision for t in chosen)), "", *table(rows)]
-  print("\n".join(lines), flush=True)
-  if args.out:
-    with open(args.out + ".json", "w") as f:
-      json.dump({"rows": rows, "lines": lines}, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-      f.write("\n".join(lines) + "\n")
+               t.precision for t in runs)), "", *table(rows)]
+  return rows, lines
+
+
+def write(out: str, rows: list[dict], lines: list[str]) -> None:
+  with open(out + ".json", "w") as f:
+    json.dump({"rows": rows, "lines": lines}, f, indent=1)
+  with open(out + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
 
 
 def _rows(runs: dict, machine: Machine, args) -> list[dict]:

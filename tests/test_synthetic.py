@@ -40,7 +40,8 @@ def _elements(ds, n):
 
 def _dataset_ops(ds) -> set[str]:
   graph = tf.compat.v1.GraphDef()
-  graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(input_dataset=ds._variant_tensor).numpy())  # pylint: disable=protected-access
+  variant = ds._variant_tensor   # pylint: disable=protected-access
+  graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(input_dataset=variant).numpy())
   return {node.op for node in graph.node}
 
 
