@@ -15,7 +15,8 @@ whose internals moved, instead of letting the math change silently.
   TensorFlow        `tensorflow.python.profiler` (FLOP counting of a graph:
                     tf.profiler.experimental has no FLOP counter);
                     `MirroredStrategy._collective_key_base` (a fresh key
-                    range per strategy).
+                    range per strategy); `_pywrap_util_port.IsMklEnabled`
+                    (whether oneDNN's CPU kernels are on: benchmarks).
 """
 
 import keras
@@ -119,6 +120,13 @@ def fresh_collective_keys() -> None:
   _strategies_made += 1
   base = _strategies_made * _KEY_RANGE
   tf.distribute.MirroredStrategy._collective_key_base = base   # pylint: disable=protected-access
+
+
+def onednn_enabled() -> bool:
+  """Whether TensorFlow runs oneDNN's CPU kernels in this process (its build, and
+  TF_ENABLE_ONEDNN_OPTS)."""
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
+  return bool(_pywrap_util_port.IsMklEnabled())
 
 
 # -- gin ---------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class RunResult:
   git_sha: str = ""
   tf_version: str = ""
   machine: dict = dataclasses.field(default_factory=dict)
+  # On synthetic data (time to target undefined): examples/s per device, step time,
+  # FLOP rate, peak memory (harness/throughput.py).
+  throughput: dict | None = None
   error: str | None = None
   schema_version: int = SCHEMA_VERSION
 
@@ -113,7 +116,8 @@ _INTEGERS = {"final_step", "steps_to_target", "examples_to_target", "num_workers
              "num_replicas", "global_batch_size", "seed", "resumed"}
 _CONTAINERS = {"final_metrics": dict, "metrics_at_target": dict, "regime": dict,
                "regime_metrics": dict, "communication": dict, "network": dict, "budget": dict,
-               "curve": list, "hparams": dict, "sessions": list, "machine": dict}
+               "curve": list, "hparams": dict, "sessions": list, "machine": dict,
+               "throughput": dict}
 
 
 def _check_type(source: str, name: str, value: Any) -> None:

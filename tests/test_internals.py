@@ -6,6 +6,8 @@ internals.py alone.
 """
 
 import inspect
+import os
+import platform
 
 import gin
 import keras
@@ -119,3 +121,10 @@ def test_strategies_made_one_after_another_use_their_own_collective_keys():
         tf.distribute.get_replica_context().all_reduce("sum", tf.ones([n])) for n in shapes]))
     sums = strategy.experimental_local_results(step())
     np.testing.assert_array_equal(sums[0][0], np.full(shapes[0], 2.0))
+
+
+def test_onednn_flag_is_readable():
+  enabled = internals.onednn_enabled()
+  assert isinstance(enabled, bool)
+  if platform.machine() == "x86_64" and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
+    assert enabled   # TensorFlow's x86 Linux wheels run oneDNN by default.

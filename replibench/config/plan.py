@@ -13,6 +13,7 @@ import tensorflow as tf
 from replibench.config.experiment import Experiment
 from replibench.engine import communication
 from replibench.workloads import precision as precision_lib
+from replibench.workloads.base import SYNTHETIC_TIME_TO_TARGET
 
 
 def make_plan(experiment: Experiment) -> dict:
@@ -50,6 +51,9 @@ def make_plan(experiment: Experiment) -> dict:
       "eval_every_steps": experiment.eval_every_steps,
       "target_metric": experiment.workload.target_metric,
       "target": experiment.target,
+      # On synthetic data the target is never checked (data/synthetic.py).
+      **({"time_to_target": SYNTHETIC_TIME_TO_TARGET}
+         if experiment.workload.synthetic_data else {}),
       "seed": experiment.seed,
   }
 

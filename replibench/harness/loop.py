@@ -22,7 +22,8 @@ from absl import logging
 from replibench import engine, results
 from replibench.config.experiment import Experiment
 from replibench.engine import noise_scale
-from replibench.harness import outcome, progress, provenance, wire, workdir as workdir_lib
+from replibench.harness import outcome, progress, provenance, throughput, wire
+from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
 from replibench.harness.state import RunState, StateVariable
@@ -44,6 +45,12 @@ class _Run:
     experiment.check_models()   # The same model check as `plan`, once the devices exist.
     self.chief = self.replicator.is_chief
     self.spec = experiment.train_spec(self.replicator.num_replicas)
+    # Synthetic data: no target, never evaluated; the plan's FLOPs (not part of init).
+    self.synthetic = self.workload.synthetic_data
+    flops_start = time.monotonic()
+    self.flops_per_example = (throughput.train_flops_per_example(self.workload, self.spec)
+                              if self.synthetic else None)
+    self.init_start += time.monotonic() - flops_start
     self.limit = min(experiment.total_steps, max_steps or experiment.total_steps)
     self.mllog = MLPerfLog(workdir, enabled=self.chief)   # Buffered until init succeeds.
     self.mllog.start(MLC.INIT_START)
@@ -126,6 +133,12 @@ class _Run:
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
                              "first_call_s": meter.first_call_s,
                              "calibration": self.calibration}
+    if self.synthetic:
+      self.state.throughput["record"] = throughput.record(
+          meter.examples_per_s(), self.experiment.global_batch_size,
+          self.replicator.num_replicas, self.replicator.num_workers,
+          throughput.replica_devices(self.replicator), self.flops_per_example,
+          self.calibration)
     if status != results.BUDGET_EXHAUSTED or int(self.step.numpy()) >= self.experiment.total_steps:
       self.state.status, self.state.reached_at = status, reached_at   # Final: in the checkpoint.
     self.save()
@@ -151,7 +164,7 @@ class _Run:
         return results.DIVERGED, None
       if step % exp.log_every_steps < exp.steps_per_call:
         self._log_train(step, outputs, meter, elapsed())
-      if step % exp.eval_every_steps == 0 or step >= self.limit:
+      if not self.synthetic and (step % exp.eval_every_steps == 0 or step >= self.limit):
         self.mllog.block_stop(self._samples())
         with self.wire.counted_apart("eval"):
           value = self._evaluate(step, elapsed)

@@ -35,6 +35,7 @@ def make_result(run, status: str) -> results.RunResult:
       sessions=state.sessions, resumed=max(0, len(state.sessions) - 1),
       operative_config=run.operative_config,
       machine=provenance.machine(throughput.get("calibration")),
+      throughput=throughput.get("record"),   # Synthetic data only.
       **describe(run), **provenance.versions())
 
 

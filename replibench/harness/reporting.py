@@ -23,6 +23,8 @@ from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 from tensorboard.plugins.hparams import api as hp
 
+from replibench.harness import throughput
+
 MLC = mlc
 HPARAM_METRICS = ("hparams/time_to_target_s", "hparams/final_metric")
 SUBMISSION_ORG = "replibench"
@@ -62,6 +64,9 @@ class Summaries:
     for key in ("bytes_on_wire_per_step", "expected_bytes_per_step"):
       if (result.network or {}).get(key) is not None:
         metrics[f"network/{key}"] = result.network[key]
+    if result.throughput:   # Synthetic data: no time to target, and the summary says why.
+      metrics.update(throughput.summary_scalars(result.throughput))
+      self.text("time_to_target", result.throughput["time_to_target"])
     self.scalars(result.final_step, metrics)
     self.text("operative_config", operative_config_markdown(result.operative_config))
 

@@ -114,6 +114,8 @@ class ImageClassification(Workload):
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
   def prepare_evaluation(self, replicator: engine.Replicator) -> None:
+    if self.synthetic_data:
+      return   # Never evaluated: synthetic data has no test split.
     data = replicator.distribute(self.data.eval, self.eval_batch_size)
 
     @tf.function

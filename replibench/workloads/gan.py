@@ -27,7 +27,8 @@ over the classes) with a scorer (Fashion-MNIST classifier or Inception
 features, replibench.eval.scorers): FID (the target, lower is better),
 classifier score and KID, next to the same scores of real held-out images at
 the same N, plus a per-class grid. The data sources are in replibench.data
-(sources.FashionMNIST, imagenet_gan.Imagenet2012Gan).
+(sources.FashionMNIST, imagenet_gan.Imagenet2012Gan, and synthetic.SyntheticImages,
+which is never evaluated and needs no scorer: ConditionalGAN.scorer = None).
 """
 
 import concurrent.futures
@@ -110,6 +111,10 @@ class ConditionalGAN(Workload):
     return precision.wrap_optimizer(adam, spec.precision) if spec else adam
 
   def check_config(self, spec: TrainSpec) -> None:
+    if self.scorer is None and not self.synthetic_data:
+      raise UserError("ConditionalGAN.scorer = None: only synthetic data (which is never "
+                      "evaluated) runs without a scorer; bind @InceptionScorer() or "
+                      "@FashionMNISTScorer().")
     try:
       self._make_models(spec)
     except (ValueError, TypeError) as e:
@@ -133,6 +138,8 @@ class ConditionalGAN(Workload):
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)
+    if self.synthetic_data:
+      return   # Never evaluated: no samples to score, no reference statistics.
     self._make_eval_inputs(spec.seed)
     # Outside the timed span: classifier, reference statistics, real-data scores.
     self.real_scores = _outside_strategy(self.scorer.prepare, self.data, self.eval_num_samples)
@@ -160,6 +167,8 @@ class ConditionalGAN(Workload):
     this pipeline's R replicas take turns on its batches, so R * n_dis
     consecutive batches [k, r] become R elements [r][k].
     """
+    if self.synthetic_data:   # Already [n_dis, b, ...] per replica, made once.
+      return self.data.train(ctx, self.spec.seed, updates=self.n_dis)
     replicas_here = ctx.replicas_per_pipeline
     source_ctx = dataclasses.replace(ctx, start_step=ctx.start_step * self.n_dis)
     ds = self.data.train(source_ctx, self.spec.seed)
@@ -240,6 +249,8 @@ class ConditionalGAN(Workload):
 
   def prepare_evaluation(self, replicator: engine.Replicator) -> None:
     del replicator   # Sampling runs on the host from the (identical) replica-0 weights.
+    if self.synthetic_data:
+      return
     for z, labels in ((self._eval_z[:self.eval_batch_size],
                        self._eval_labels[:self.eval_batch_size]),
                       (self._grid_z, self._grid_labels)):
