@@ -57,8 +57,8 @@ def make_plan(experiment: Experiment) -> dict:
 def communication_account(experiment: Experiment) -> dict | None:
   """Collectives one replica issues per step, by kind, from a trace of one replica's
   step (engine/communication.py). The counts do not depend on the replica count;
-  each forward collective under a gradient tape adds one in the backward pass
-  (cross-replica batch norm: two per layer), which the run's account counts."""
+  they include the backward pass's collectives (a forward all-reduce that a gradient
+  flows through, such as cross-replica batch norm's, sends again: two per layer)."""
   workload, regime = experiment.workload, experiment.regime
   spec = experiment.train_spec()
   workload.build_learner(spec)
@@ -103,6 +103,6 @@ def _format(key: str, value) -> str:
                       for k, v in value["by_kind"].items())
     wire = value.get("wire_bytes_per_replica_per_step")
     wire = f"; {wire:,} B on the wire a replica (ring algorithms)" if wire else ""
-    return (f"{value['collectives_per_step']:g} collectives/step issued ({kinds}){wire}; "
-            f"+1 per batch-norm moment in a backward pass")
+    return (f"{value['collectives_per_step']:g} collectives/step issued, backward pass "
+            f"included ({kinds}){wire}")
   return _human(key, value)

@@ -25,6 +25,9 @@ from replibench import rates
 from replibench.errors import UserError
 
 ENV = "REPLIBENCH_NETWORK"   # Set inside the namespace: the rate ('none' = unlimited).
+# Set for a cluster's tasks: the loopback's byte counter when the launcher started them
+# (a fresh namespace's is 0; a restarted cluster's counts the earlier ones' traffic).
+BASE_ENV = "REPLIBENCH_WIRE_BASE"
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 
@@ -103,6 +106,12 @@ def limit_rate(value: str) -> None:
   if done.returncode:
     raise UserError(f"--network={value}: tc could not rate-limit the namespace's loopback "
                     f"({done.stderr.strip()}).")
+
+
+def cluster_start_bytes() -> int:
+  """The loopback's counter when the launcher started this task's cluster (0 outside)."""
+  value = os.environ.get(BASE_ENV, "0")
+  return int(value) if value.isdigit() else 0
 
 
 def loopback_bytes() -> int:
