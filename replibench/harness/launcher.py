@@ -196,7 +196,7 @@ def _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, networ
   env = dict(os.environ, **{netns.ENV: network})
   inner = processes.popen(netns.unshare_command(command), env=env)
   with processes.forwarding_signals(lambda: [inner]):
-    return inner.wait()
+    return processes.exit_status(inner.wait())
 
 
 def _start_all(tasks) -> None:
@@ -226,7 +226,7 @@ def _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, ne
           _start_all(tasks)
           continue
         if outcome is not None:
-          return outcome
+          return processes.exit_status(outcome)
         if timeout_s and time.monotonic() - start > timeout_s:
           _log(f"timed out after {timeout_s:.0f} s; stopping the cluster.")
           return 124

@@ -88,7 +88,7 @@ def subprocess_runner(trial: Trial, trial_dir: str) -> int:
     proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
       with processes.forwarding_signals(lambda: [proc], processes.raise_terminated):
-        return proc.wait()
+        return processes.exit_status(proc.wait())
     except processes.Terminated:
       try:
         proc.wait(timeout=TERM_GRACE_S)
