@@ -153,3 +153,21 @@ bindings = ["Experiment.train_epochs = 1000", "small_resnet.widths = (4, 8, 8)",
     if sweep.poll() is None:
       sweep.kill()
     sweep.wait()
+
+
+@pytest.mark.parametrize("victim", ["inner launcher", "task"])
+def test_a_launch_whose_launcher_or_task_is_killed_exits_128_plus_the_signal(tmp_path, victim):
+  """`launch` re-runs itself inside the namespace; a SIGKILL of that inner launcher, or
+  of a task, is exit status 137 (the README's 128 + N), not Popen's -9 wrapped to 247."""
+  launch = _Launch(["launch", "--workers=1", "--", *LONG_RUN, f"--workdir={tmp_path}"], 1)
+  try:
+    launch.wait_started()
+    if victim == "task":
+      pid = launch.tasks["worker 0"][0]
+    else:
+      pid = int(subprocess.run(["pgrep", "-P", str(launch.proc.pid)], capture_output=True,
+                               text=True, check=True).stdout.split()[0])
+    os.kill(pid, signal.SIGKILL)
+    assert launch.proc.wait(timeout=60) == 128 + signal.SIGKILL, "".join(launch.lines)[-3000:]
+  finally:
+    launch.stop()
