@@ -1,9 +1,11 @@
 """The TensorBoard HParams experiment config at the root of a sweep.
 
-Each trial's harness writes its own hp.hparams session; TensorBoard shows them
-together in one HParams table when the root holds an experiment config naming
-the hparams and the metrics. The hparams are taken from the trials' result.json
-(the same dict the harness logs), so the names always match the sessions.
+Each trial's harness writes its own hp.hparams session, in the session group of
+its configuration (its hparams but the seed: harness/reporting.py); TensorBoard
+shows one row per configuration, its seeds as the sessions, in one HParams table
+when the root holds an experiment config naming the hparams and the metrics. The
+hparams are taken from the trials' result.json (the configuration of the dict the
+harness logs), so the names always match the sessions.
 
 The config is written with TensorBoard's own proto and record writer, so the
 sweep driver does not import (and initialise) TensorFlow.
@@ -20,7 +22,7 @@ from tensorboard.plugins.hparams import summary_v2 as hp
 from tensorboard.summary.writer import record_writer
 
 from replibench import atomic
-from replibench.results import RunResult
+from replibench.results import RunResult, configuration
 
 # A stable name, so rewriting the config replaces it instead of adding a second
 # experiment summary. TensorBoard reads any file with 'tfevents' in its name.
@@ -46,10 +48,11 @@ def _domain(values: list[Any]) -> hp.Discrete | None:
 
 
 def experiment_hparams(results: Iterable[RunResult]) -> list[hp.HParam]:
-  """One HParam per key of the results' `hparams` dicts, with the values seen."""
+  """One HParam per key of the results' configurations (their `hparams` but the seed:
+  the seeds of a configuration are the sessions of its group), with the values seen."""
   seen: dict[str, list[Any]] = {}
   for result in results:
-    for key, value in result.hparams.items():
+    for key, value in configuration(result.hparams).items():
       if isinstance(value, (bool, int, float, str)):
         seen.setdefault(key, []).append(value)
   return [hp.HParam(key, _domain(values)) for key, values in sorted(seen.items())]

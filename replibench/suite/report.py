@@ -18,7 +18,7 @@ from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench import atomic
 from replibench.suite import results
-from replibench.results import RunResult
+from replibench.results import RunResult, configuration
 from replibench.suite.aggregate import ConfigRow, Stats
 
 REPORT_JSON = "report.json"
@@ -109,7 +109,7 @@ def _seed_warnings(found: list[tuple[str, RunResult]]) -> list[str]:
 def _row(name: str, trials: list[tuple[str, RunResult]]) -> ConfigRow:
   first = trials[0][1]
   seeds = sorted((aggregate.seed_run(t, r) for t, r in trials), key=lambda s: s.seed)
-  hparams = {k: v for k, v in first.hparams.items() if k != "seed"}
+  hparams = configuration(first.hparams)
   row = ConfigRow(
       config=name, scaling_kind=first.scaling_kind, topology=first.topology,
       num_replicas=first.num_replicas, num_workers=first.num_workers,
