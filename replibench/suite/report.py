@@ -222,10 +222,11 @@ def _notes(report: Report) -> list[str]:
            f"{'>=' if report.higher_is_better else '<='} {report.target}; olympic mean "
            f"(drop fastest and slowest) with >= {aggregate.OLYMPIC_MIN_SEEDS} converged seeds, "
            f"mean ± std otherwise.",
-           "* Not every seed reached the target: time, steps and epochs are over the "
-           "converged seeds only.",
            "Efficiency = examples/s at N replicas / (N x examples/s of the 1-replica "
            "configuration of the same scaling kind); speed-up = its time to target / this one's."]
+  if any(c.converged != c.n for c in report.configs):   # The rows marked * in the table.
+    notes.insert(1, "* Not every seed reached the target: time, steps and epochs are over "
+                    "the converged seeds only.")
   if _has_bytes(report):
     notes.append("bytes/step: what the training regime sends per replica and step "
                  "(regime/bytes_communicated, averaged over the run); compressed formats are "
