@@ -11,13 +11,14 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 import tensorflow as tf
 
 from replibench.config.experiment import Experiment
-from replibench.engine import communication
+from replibench.engine import communication, layers
 from replibench.workloads import precision as precision_lib
 
 
 def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
-  experiment.check_models()
+  with layers.recording() as norms:
+    experiment.check_models()
   spec = experiment.train_spec()
   facts = experiment.workload.describe(spec)
   flops = facts.get("train_flops_per_example")
@@ -35,6 +36,7 @@ def make_plan(experiment: Experiment) -> dict:
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
       "precision": precision_lib.describe(experiment.precision),
+      "batch_norm": batch_norm(norms),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own
       # formula, applied to the tensors it exchanges).
@@ -52,6 +54,16 @@ def make_plan(experiment: Experiment) -> dict:
       "target": experiment.target,
       "seed": experiment.seed,
   }
+
+
+def batch_norm(kinds: set[str]) -> str | None:
+  """The batch norms the models use and their one momentum and epsilon (None: none of
+  the engine's kinds, e.g. layer norm or a model's own default)."""
+  if not kinds:
+    return None
+  setting = layers.batch_norm_setting()
+  return (f"{' and '.join(sorted(kinds))}: momentum {setting['momentum']:g}, epsilon "
+          f"{setting['epsilon']:g} (engine.batch_norm_setting, one setting for both kinds)")
 
 
 def communication_account(experiment: Experiment) -> dict | None:
