@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from replibench import errors, processes
+from replibench import errors, processes, rates
 from replibench.engine import cluster as cluster_lib
 from replibench.harness import netns
 
@@ -179,7 +179,7 @@ def launch(workers: int, args: list[str], cpus_per_worker: int = 0,
   (and waits for it); inside, it sets the loopback up, limits its rate and runs the
   cluster.
   """
-  netns.check_rate(network)
+  rates.check("--network", network)
   if not netns.inside():
     return _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, network)
   netns.bring_up_loopback()

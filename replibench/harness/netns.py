@@ -40,14 +40,6 @@ def rate() -> str | None:
   return os.environ.get(ENV)
 
 
-def check_rate(value: str) -> str:
-  """The rate, validated ('none', or tc's units: 100mbit, 1gbit, 10gbit, 512kbit...)."""
-  if not rates.is_rate(value):
-    raise UserError(f"--network={value!r}: give 'none' (unlimited) or a rate in tc's units, "
-                    f"e.g. 10gbit, 1gbit, 100mbit, 512kbit.")
-  return value
-
-
 def unshare_command(command: list[str]) -> list[str]:
   """command, run in a new network namespace (a new user namespace too unless root)."""
   unshare = shutil.which("unshare")

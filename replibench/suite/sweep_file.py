@@ -220,9 +220,8 @@ def _zipped_point(path: str, where: str, point: Any) -> Point:
   if launch is not None:   # One source of truth: the launch's count, checked by each run.
     bindings = (*bindings, f"{_WORKERS_BINDING} = {launch.workers}")
   network = point.get("network")
-  if network is not None and not rates.is_rate(network):
-    raise _fail(path, f"{where}.network", f"must be 'none' or a rate in tc's units "
-                f"(10gbit, 1gbit, 100mbit...), got {network!r}.")
+  if network is not None:
+    rates.check(f"Sweep file {path}: key '{where}.network'", network)
   return Point(
       label=_label(path, f"{where}.label", point["label"]),
       gin_files=_gin_paths(path, f"{where}.gin_files", point.get("gin_files", [])),
