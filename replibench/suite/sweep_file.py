@@ -45,7 +45,7 @@ import re
 import tomllib
 from typing import Any, Sequence
 
-from replibench import rates
+from replibench import inputs, rates
 from replibench.errors import UserError
 from replibench.suite import aggregate
 
@@ -149,7 +149,8 @@ def _gin_paths(path: str, key: str, value: Any) -> tuple[str, ...]:
   for name in _string_list(path, key, value):
     full = os.path.normpath(os.path.join(base, name))
     if not os.path.isfile(full):
-      raise _fail(path, key, f"names gin file {name!r}, which does not exist "
+      what = "is a directory, not a gin file" if os.path.isdir(full) else "does not exist"
+      raise _fail(path, key, f"names gin file {name!r}, which {what} "
                   f"(looked for {full}; paths are relative to the sweep file).")
     files.append(full)
   return tuple(files)
@@ -326,8 +327,7 @@ def expand(sweep: Sweep, extra_gin_files: Sequence[str] = (),
   to shrink every trial), then the seed.
   """
   for f in extra_gin_files:
-    if not os.path.isfile(f):
-      raise UserError(f"--gin_file={f}: no such file (extra gin file for sweep {sweep.path}).")
+    inputs.input_file("--gin_file", f)
   seeds = tuple(seeds) if seeds else sweep.seeds
   trials = []
   for seed in seeds:
