@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 failure (a regression for compare, a failed trial for
 sweep, a crash), 2 bad input (one paragraph naming the file, binding or flag at
-fault; nothing written), 3 the run diverged.
+fault; nothing written), 3 the run diverged, 128+N stopped by signal N.
 """
 
 import json
