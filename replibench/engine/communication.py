@@ -194,9 +194,9 @@ def replay(strategy, entries: list[Entry], repeats: int = 20, wire_counter=None,
   'rpc_overhead_bytes_by_collective', per transfer (the receiver's request, gRPC
   framing, TCP; the all-reduce's, or else the first measured, also as
   'rpc_overhead_bytes_per_message'), and 'rpc_overhead_bytes_per_call_by_collective',
-  per collective op and call of the function holding it, per replica (~300-350 B
-  measured between two workers, whatever the op's size: a step of 20 small
-  all-reduces run one call a step sent 6.6 KB more than its transfers alone).
+  per collective op and call of the function holding it, per replica (~160 B a
+  replica between two workers, whatever the op's size: a step of 20 small
+  all-reduces, one step a call, sent 6.6 KB more than its transfers alone).
   all_to_all: the engine's all_to_all(x) (x [num_replicas, ...]; this module cannot
   import the collectives that record into it), needed when the entries hold
   all-to-alls."""
