@@ -133,6 +133,13 @@ def _check_type(source: str, name: str, value: Any) -> None:
                     f"is not what `replibench run` writes there.")
 
 
+def configuration(hparams: dict) -> dict:
+  """A run's hparams without its seed: what names its configuration. Runs that differ
+  only in seed are one configuration: one row of a report, one session group (its
+  seeds the sessions) in TensorBoard's HParams table."""
+  return {k: v for k, v in hparams.items() if k != "seed"}
+
+
 def path_in(directory: str) -> str:
   return os.path.join(directory, FILE)
 

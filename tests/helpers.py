@@ -134,6 +134,22 @@ def failure_report(run: subprocess.CompletedProcess, tail: int = 3000) -> str:
   return "\n".join([f"exit code {run.returncode}", *blocks, "... " + output[-tail:]])
 
 
+_LINK_TOTAL = re.compile(r"\[launch\] the cluster's link carried ([\d,]+) bytes in all")
+
+
+def check_wire_account(launched: subprocess.CompletedProcess, workdir) -> dict:
+  """Checks a launched run's `network` record: measured bytes per step within 10% of
+  the communication account's, and init_bytes + bytes_on_wire the link's total but
+  for the tasks' shutdown (the launcher's last line). Returns the record."""
+  wire = result(workdir).network
+  ratio = wire["bytes_on_wire_per_step"] / wire["expected_bytes_per_step"]
+  assert 0.9 <= ratio <= 1.1, (ratio, wire, result(workdir).communication)
+  total = int(_LINK_TOTAL.search(launched.stderr)[1].replace(",", ""))
+  shutdown = total - wire["init_bytes"] - wire["bytes_on_wire"]
+  assert 0 <= shutdown <= 0.05 * total, (total, wire)
+  return wire
+
+
 def result(workdir):
   """The run's result.json, read (and checked) as a replibench.results.RunResult."""
   from replibench import results  # pylint: disable=import-outside-toplevel

@@ -2,7 +2,8 @@
 
 TensorBoard: scalars against the global step (its relative-time axis gives the
 time-to-accuracy view), the operative gin config as text, and an HParams
-session whose metrics are `hparams/time_to_target_s` and `hparams/final_metric`.
+session whose metrics are `hparams/time_to_target_s` and `hparams/final_metric`,
+in the session group of its configuration (every seed of it).
 
 MLPerf: `:::MLLOG` lines through the mlperf-logging package, one complete log
 per session (init_start .. run_stop): DIR/mllog.txt for the first, and
@@ -23,6 +24,7 @@ from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 from tensorboard.plugins.hparams import api as hp
 
+from replibench import results
 from replibench.harness import throughput
 
 MLC = mlc
@@ -55,7 +57,10 @@ class Summaries:
   def outcome(self, result) -> None:
     """The run's HParams session, time to target and operative config (a RunResult)."""
     with self.writer.as_default(step=0):
-      hp.hparams(result.hparams, trial_id=os.path.basename(os.path.abspath(self.logdir)))
+      # The session's group is its configuration (no trial_id: TensorBoard names the
+      # group by a hash of these hparams), so the seeds of one configuration are one
+      # row of the HParams table; the seed is the session's (its run's) own.
+      hp.hparams(results.configuration(result.hparams))
     metrics = {"hparams/final_metric": result.final_metric
                if result.final_metric is not None else float("nan")}
     if result.time_to_target_s is not None:

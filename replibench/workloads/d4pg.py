@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from models import d4pg
-from replibench import engine
+from replibench import engine, errors, inputs
 from replibench.engine import cluster, cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
@@ -93,10 +93,12 @@ class D4PG(Workload):
     self.networks_fn = networks
     self.replay_fn = replay or functools.partial(
         replay_lib.UniformReplay, capacity=1_000_000, min_size=1000, samples_per_insert=32.0)
-    if num_actors < 1 or epoch_size < 1 or publish_every_steps < 1 or eval_episodes < 1:
-      raise UserError(
-          f"D4PG: num_actors ({num_actors}), epoch_size ({epoch_size}), publish_every_steps "
-          f"({publish_every_steps}) and eval_episodes ({eval_episodes}) must be positive.")
+    for key, value in (("num_actors", num_actors), ("epoch_size", epoch_size),
+                       ("publish_every_steps", publish_every_steps),
+                       ("eval_episodes", eval_episodes), ("max_messages", max_messages)):
+      inputs.number(f"D4PG.{key}", value, 1, integer=True)
+    inputs.number("D4PG.max_restarts", max_restarts, 0, integer=True)
+    inputs.number("D4PG.sample_timeout_s", sample_timeout_s, 0, low_open=True, meaning="seconds")
     self.separate_evaluator = (self.env_config.pixels if separate_evaluator is None
                                else separate_evaluator)
     if self.env_config.pixels and not self.separate_evaluator:
@@ -135,10 +137,18 @@ class D4PG(Workload):
   def check_config(self, spec: TrainSpec) -> None:
     try:
       with precision.policy_scope(spec.precision):
-        self._make_networks()
+        networks = self._make_networks()
     except (ValueError, TypeError) as e:
-      raise UserError(f"D4PG: the networks do not build with these bindings: "
-                      f"{' '.join(str(e).split())}") from None
+      raise errors.build_failure("D4PG.networks", e) from None
+    hp = networks.hparams
+    check = lambda key, *a, **k: inputs.number(  # noqa: E731
+        f"D4PGHyperparams.{key}", getattr(hp, key), *a, **k)
+    check("n_step", 1, integer=True)
+    check("discount", 0, 1)
+    check("sigma", 0, meaning="exploration noise, in action units")
+    check("target_update_period", 1, integer=True, meaning="learner steps")
+    check("clip_norm", 0, low_open=True)
+    check("learning_rate", 0, low_open=True)
 
   def build_learner(self, spec: TrainSpec) -> None:
     """Networks and optimizers only (call under the replicator's scope); build() adds

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.sngan import build_models, d_hinge_loss, g_hinge_loss
-from replibench import engine
+from replibench import engine, errors, inputs
 from replibench.engine import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
@@ -75,9 +75,17 @@ class ConditionalGAN(Workload):
                learning_rate: float = 2e-4, beta_1: float = 0.0, beta_2: float = 0.9,
                epsilon: float = 1e-8, z_dim: int = 128, eval_num_samples: int = 5000,
                eval_batch_size: int = 500, grid_samples_per_class: int = 10):
-    if n_dis < 1 or eval_num_samples < 2:
-      raise UserError(f"ConditionalGAN: n_dis ({n_dis}) must be >= 1 and eval_num_samples "
-                      f"({eval_num_samples}) >= 2.")
+    check = lambda key, value, *a, **k: inputs.number(  # noqa: E731
+        f"ConditionalGAN.{key}", value, *a, **k)
+    check("n_dis", n_dis, 1, integer=True, meaning="discriminator steps a generator step")
+    check("eval_num_samples", eval_num_samples, 2, integer=True)
+    check("eval_batch_size", eval_batch_size, 1, integer=True)
+    check("grid_samples_per_class", grid_samples_per_class, 0, integer=True)
+    check("z_dim", z_dim, 1, integer=True)
+    check("learning_rate", learning_rate, 0, low_open=True)
+    check("beta_1", beta_1, 0, 1, high_open=True)
+    check("beta_2", beta_2, 0, 1, high_open=True)
+    check("epsilon", epsilon, 0, low_open=True)
     self.name = name
     self.generator_fn, self.discriminator_fn = generator, discriminator
     self.data, self.scorer = data, scorer
@@ -118,8 +126,7 @@ class ConditionalGAN(Workload):
     try:
       self._make_models(spec)
     except (ValueError, TypeError) as e:
-      raise UserError(f"ConditionalGAN: the generator or discriminator does not build with "
-                      f"these bindings: {' '.join(str(e).split())}") from None
+      raise errors.build_failure("ConditionalGAN's generator or discriminator", e) from None
 
   def build_learner(self, spec: TrainSpec) -> None:
     self.spec = spec

@@ -92,6 +92,7 @@ from replibench.engine.stragglers import Stragglers
 from replibench.engine.regimes.base import tensor_sizes
 from replibench.engine.replicator import InputContext, per_replica_batch_size
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 _BINDING = "Experiment.regime = @regimes.BackupPS()"
 _MAX_OUTPUTS = 64             # Scalars a step may output (summed on the ps for the chief).
@@ -118,7 +119,7 @@ class BackupPS(AsyncPS):
         or backup_workers < 0):
       raise UserError(f"regimes.BackupPS.backup_workers must be an integer >= 0 (the "
                       f"stragglers each step drops; 0 is synchronous training), got "
-                      f"{backup_workers!r}.")
+                      f"{shown(backup_workers)}.")
     stragglers = stragglers_lib.checked(stragglers, "regimes.BackupPS.stragglers")
     self.backup_workers, self.stragglers = backup_workers, stragglers
     self.workers = 1              # N, set by the replicator from TF_CONFIG.

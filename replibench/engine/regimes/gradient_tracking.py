@@ -33,6 +33,7 @@ from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.base import GRADIENTS
 from replibench.engine.regimes.gossip import Gossip, Graph, Ring
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 @gin.configurable(module="regimes")
@@ -50,7 +51,7 @@ class GradientTracking(Gossip):
     if not isinstance(graph, Graph):
       raise UserError(
           f"regimes.GradientTracking.graph must be a gossip graph, e.g. @regimes.Ring() or "
-          f"@regimes.RandomMatching(); got {graph!r}.")
+          f"@regimes.RandomMatching(); got {shown(graph)}.")
     super().__init__(graph=graph, report_consensus=report_consensus)
     self._state = {}   # id(variable) -> (variable, tracker, previous gradient)
 
