@@ -13,6 +13,8 @@
 #   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
 #                         (SUITE=resnet for one; HEAD=REV for another head; exit 1 on a regression)
 #   make history          the results history's HTML dashboard with change points (runs/history/)
+#   make bench-throughput the full-size models on synthetic data: images/s per device,
+#                         step time, fraction of peak, memory, scaling (results/throughput/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
 # `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
@@ -46,7 +48,7 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS)
 FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
-	bench-ab history \
+	bench-ab history bench-throughput \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
@@ -150,6 +152,13 @@ bench-engine: install
 # The distributed path's scaling, every workload, from one run (issue-12 goals).
 bench-scaling: install data
 	$(PY) benchmarks/scaling.py
+
+# The paper's models at full size on synthetic data (issue 36): replicas=1/2 and workers=1/2,
+# float32 and bfloat16, each model at a fixed batch a device; THROUGHPUT_ARGS adds flags
+# (e.g. --machine=gpu, --scale=tiny, --dry_run). Not yet timed on a quiet 2-core EPYC
+# (an estimate: 45 min); results/throughput/README.md.
+bench-throughput: install
+	$(PY) benchmarks/throughput.py $(THROUGHPUT_ARGS)
 
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir=$(WORKDIR) --host=127.0.0.1

@@ -21,18 +21,24 @@ machine's state hits every configuration alike.
   make bench-scaling          # or: .venv/bin/python benchmarks/scaling.py [--rounds 3]
 Goals (issue 12): workers=2 >= 1.8x workers=1 (same batch), >= 1.9x at twice the
 batch; 4 logical replicas <= 1.3x one replica's step time; init <= 2x.
+
+On a machine with more cores, --worker_counts=1,2,4,8 [--cpus_per_worker=2] runs
+instead N worker processes at the workload's global batch (strong scaling) and at
+N times it (weak), and reports each one's speed-up over workers=1 and its
+efficiency (speed-up / N): the accelerator machine's run (tools/accelerator).
 """
 
 import argparse
 import dataclasses
-import json
 import os
+import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
+
+REPO = bench_runs.REPO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,29 +98,23 @@ def setups() -> list[Setup]:
           Setup("workers=2 (weak, 2x batch)", "workers", 2, 2)]
 
 
-def command(w: Workload, s: Setup, workdir: str) -> list[str]:
+def worker_setups(counts: list[int]) -> list[Setup]:
+  """workers=N at the workload's batch (strong) and at N times it (weak)."""
+  return ([Setup(f"workers={n}", "workers", n) for n in counts]
+          + [Setup(f"workers={n} (weak, {n}x batch)", "workers", n, n) for n in counts if n > 1])
+
+
+def command(w: Workload, s: Setup, workdir: str, cpus_per_worker: int = 1) -> list[str]:
   batch = round(w.global_batch * s.batch_factor)
   bindings = [*w.bindings, *QUIET, f"Experiment.global_batch_size = {batch}"]
-  if s.kind == "replicas":
-    topology = f"configs/topology/local{s.n}.gin"
-  else:
-    topology = "configs/topology/workers.gin"
-    bindings.append(f"topology.MultiWorker.workers = {s.n}")
-  run = ["run", f"--gin_file={w.gin_file}", f"--gin_file={topology}",
-         *(f"--gin_bindings={b}" for b in bindings), f"--max_steps={w.steps}",
-         f"--workdir={workdir}"]
-  base = [sys.executable, "-m", "replibench.cli"]
-  if s.kind == "replicas":
-    return ["taskset", "-c", s.cores, *base, *run]
-  return [*base, "launch", f"--workers={s.n}", "--cpus_per_worker=1", "--", *run]
+  cmd = bench_runs.command(w.gin_file, s.kind, s.n, bindings, w.steps, workdir, cpus_per_worker)
+  return ["taskset", "-c", s.cores, *cmd] if s.kind == "replicas" else cmd
 
 
-def measure(w: Workload, s: Setup) -> dict:
+def measure(w: Workload, s: Setup, cpus_per_worker: int = 1) -> dict:
   if s.kind == "pair":
     return _measure_pair(w, s)
-  with tempfile.TemporaryDirectory() as workdir:
-    proc = subprocess.run(command(w, s, workdir), cwd=REPO, capture_output=True, text=True)
-    return _result(w, s, workdir, proc.returncode, proc.stdout + proc.stderr)
+  return bench_runs.run(command(w, s, "WORKDIR", cpus_per_worker), f"{w.name} {s.label}")[0]
 
 
 def _measure_pair(w: Workload, s: Setup) -> dict:
@@ -133,17 +133,10 @@ def _measure_pair(w: Workload, s: Setup) -> dict:
       log.seek(0)
       outputs.append(log.read())
       log.close()
-    results = [_result(w, s, d, code, out) for d, code, out in zip(dirs, codes, outputs)]
+    results = [bench_runs.result(d, code, out, f"{w.name} {s.label}")
+               for d, code, out in zip(dirs, codes, outputs)]
   return {**results[0], "examples_per_s": sum(r["examples_per_s"] for r in results),
           "init_s": max(r["init_s"] for r in results)}
-
-
-def _result(w: Workload, s: Setup, workdir: str, returncode: int, output: str) -> dict:
-  path = os.path.join(workdir, "result.json")
-  if returncode or not os.path.exists(path):
-    raise RuntimeError(f"{w.name} {s.label} failed ({returncode}):\n{output[-6000:]}")
-  with open(path) as f:
-    return json.load(f)
 
 
 def _median(results: list[dict], key) -> float | None:
@@ -211,6 +204,21 @@ def _ceilings(eps: dict, ratio) -> list[str]:
   return lines + [f"  weak scaling reaches {weak / 2:.0%} of 2x"]
 
 
+def summarize_workers(w: Workload, runs: dict[str, list[dict]], counts: list[int]) -> list[str]:
+  """Speed-up and efficiency of N workers over one, strong and weak (goal: 2 workers
+  >= 1.8x one at the same batch)."""
+  eps = {label: _median(rs, lambda r: r.get("examples_per_s")) for label, rs in runs.items()}
+  one = eps["workers=1"]
+  lines = [f"== {w.name} ({w.gin_file}, global batch {w.global_batch}, {w.steps} steps): "
+           f"workers=1 {one:.1f} ex/s"]
+  for n in counts[1:]:
+    strong, weak = eps[f"workers={n}"] / one, eps[f"workers={n} (weak, {n}x batch)"] / one
+    goal = "   (goal >= 1.8x)" if n == 2 else ""
+    lines.append(f"  workers={n}: strong {strong:.2f}x (efficiency {strong / n:.0%}), "
+                 f"weak {weak:.2f}x (efficiency {weak / n:.0%}){goal}")
+  return lines
+
+
 def _comm_kinds(comm: dict) -> str:
   kinds = comm.get("by_kind") or {}
   return ", ".join(f"{k} {v['count']:g} x {v['bytes']:,.0f} B" for k, v in kinds.items())
@@ -221,19 +229,32 @@ def main():
   parser.add_argument("--workloads", default="resnet,sngan,d4pg")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--setups", default="", help="comma-separated labels (default: all)")
+  parser.add_argument("--worker_counts", default="", help="e.g. 1,2,4,8: strong and weak "
+                      "scaling over N worker processes instead of the 2-core setups")
+  parser.add_argument("--cpus_per_worker", type=int, default=1)
+  parser.add_argument("--dry_run", action="store_true", help="print the runs, run nothing")
   args = parser.parse_args()
-  chosen = [s for s in setups() if not args.setups or s.label in args.setups.split(",")]
+  counts = [int(n) for n in args.worker_counts.split(",")] if args.worker_counts else []
+  if counts and counts[0] != 1:
+    raise SystemExit("--worker_counts must start with 1 (the reference)")
+  chosen = worker_setups(counts) if counts else [
+      s for s in setups() if not args.setups or s.label in args.setups.split(",")]
   for name in args.workloads.split(","):
     w = WORKLOADS[name]
+    if args.dry_run:
+      for s in chosen:
+        print(f"{name} {s.label}: {shlex.join(command(w, s, 'WORKDIR', args.cpus_per_worker))}")
+      continue
     runs = {s.label: [] for s in chosen}
     for r in range(args.rounds):
       for s in chosen:
-        result = measure(w, s)
+        result = measure(w, s, args.cpus_per_worker)
         runs[s.label].append(result)
         print(f"[{name} round {r + 1}/{args.rounds}] {s.label}: "
               f"{result.get('examples_per_s')} ex/s, init {result.get('init_s')} s", flush=True)
     try:
-      print("\n".join(summarize(w, runs)), flush=True)
+      print("\n".join(summarize_workers(w, runs, counts) if counts else summarize(w, runs)),
+            flush=True)
     except KeyError:   # A subset of setups: no ratios.
       pass
 

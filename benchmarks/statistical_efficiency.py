@@ -59,6 +59,29 @@ def _noise_scales(runs) -> list[float]:
           if r.noise_scale and r.noise_scale.b_simple and r.noise_scale.caveat is None]
 
 
+def _batch_norm_setting(run) -> tuple[float, float]:
+  """The run's batch-norm (momentum, epsilon), from its operative config:
+  engine.batch_norm_setting's or, in runs from before it, a factory's own; Keras'
+  (0.99, 1e-3) where none is bound."""
+  found = {"momentum": 0.99, "epsilon": 1e-3}
+  for line in run.operative_config.splitlines():
+    key, _, value = line.partition(" = ")
+    name = key.rsplit(".", 1)[-1]
+    if "batch_norm" in key and name in found:
+      found[name] = float(value)
+  return found["momentum"], found["epsilon"]
+
+
+def _check_one_recipe(runs, noise_runs) -> None:
+  """Stops when the noise scale comes from runs of another batch-norm recipe than the
+  fit's: B_simple and B_crit would then describe two trainings."""
+  fitted = {_batch_norm_setting(r) for r in runs}
+  others = {_batch_norm_setting(r) for r in noise_runs} - fitted
+  if len(fitted) > 1 or others:
+    raise SystemExit(f"the runs differ in their batch-norm (momentum, epsilon): "
+                     f"{sorted(fitted | others)}; re-run them with one engine.batch_norm_setting.")
+
+
 def _table(runs, fit, held_out) -> str:
   lines = [f"{'batch':>6} {'runs':>5} {'reached':>8} {'steps (each)':<28} {'mean':>8} {'fit':>8}"]
   for batch in sorted({r.global_batch_size for r in runs}):
@@ -92,7 +115,9 @@ def main() -> int:
   fitted = [r for r in runs if r.converged and r.global_batch_size != args.hold_out]
   fit = efficiency.fit_steps([r.global_batch_size for r in fitted],
                              [r.steps_to_target for r in fitted])
-  noise = _noise_scales(runs + [r for d in args.noise_dir for r in _runs(d)])
+  noise_runs = [r for d in args.noise_dir for r in _runs(d)]
+  _check_one_recipe(runs, noise_runs)
+  noise = _noise_scales(runs + noise_runs)
   evals = [r.eval_s for r in runs if r.eval_s]
   record = {
       "workload": runs[0].workload, "target": runs[0].target,

@@ -6,8 +6,10 @@ loopback, whose counters measure every byte) under each regime, and prints per
 regime: the cluster's measured bytes per step (evaluations left out), what the
 step's communication account expects (ring algorithms plus the per-transfer
 overhead measured at init), their ratio, the regime's own
-regime/bytes_communicated (one replica's payload) and the measured bytes over
-Sync's. Byte counts, not times: the machine need not be quiet.
+regime/bytes_communicated (one replica's payload), the measured bytes over Sync's,
+and what the cluster sent before its timed run (init_bytes: set-up, the variables'
+broadcast, the account's replays). Byte counts, not times: the machine need not be
+quiet.
 
   .venv/bin/python benchmarks/wire_bytes.py --workers 2,4 --steps 25
 """
@@ -61,7 +63,7 @@ def row(regime: str, workers: int, result: dict, sync_bytes: float | None) -> st
   ratio = f"{measured / expected:.3f}" if expected else "-"
   vs_sync = f"{measured / sync_bytes:.3f}" if sync_bytes else "-"
   return (f"{regime:24s} {workers:3d} {measured:14,.0f} {expected or 0:14,.0f} {ratio:>8s} "
-          f"{payload or 0:14,.0f} {vs_sync:>8s}")
+          f"{payload or 0:14,.0f} {vs_sync:>8s} {wire.get('init_bytes', 0):14,.0f}")
 
 
 def main():
@@ -71,7 +73,7 @@ def main():
   parser.add_argument("--regimes", default=",".join(REGIMES))
   args = parser.parse_args()
   print(f"{'regime':24s} {'W':>3s} {'measured B/step':>14s} {'expected B/step':>14s} "
-        f"{'ratio':>8s} {'regime payload':>14s} {'vs sync':>8s}", flush=True)
+        f"{'ratio':>8s} {'regime payload':>14s} {'vs sync':>8s} {'start-up B':>14s}", flush=True)
   for workers in (int(w) for w in args.workers.split(",")):
     sync_bytes = None
     for regime in args.regimes.split(","):

@@ -110,6 +110,16 @@ bottleneck_block.expansion = 4
 BlockFn = Callable[..., keras.KerasTensor]
 
 
+def _positive_ints(name: str, value) -> tuple[int, ...]:
+  """value as a non-empty tuple of positive integers; ValueError naming the argument."""
+  values = tuple(value) if isinstance(value, (tuple, list)) else None
+  if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                           for v in values):
+    raise ValueError(f"{name} = {value!r}: must be a tuple of positive integers "
+                     f"(e.g. {name} = (16, 32, 64)).")
+  return values
+
+
 def _build_resnet(*, inputs, stem: Callable, block: BlockFn, widths: Sequence[int],
                   blocks_per_stage: Sequence[int], strides: Sequence[int],
                   num_classes: int, norm_layer: NormFactory | None,
@@ -177,10 +187,15 @@ def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
   small_resnet.block = @bottleneck_block); with bottleneck_block a stage outputs
   4 * width channels.
   """
-  widths = tuple(widths)
-  blocks_per_stage = tuple(blocks_per_stage) if blocks_per_stage else (1,) * len(widths)
-  strides = tuple(strides) if strides is not None else (1,) + (2,) * (len(widths) - 1)
-  stem_width = stem_width or widths[0]
+  widths = _positive_ints("widths", widths)
+  blocks_per_stage = (_positive_ints("blocks_per_stage", blocks_per_stage)
+                      if blocks_per_stage else (1,) * len(widths))
+  strides = (_positive_ints("strides", strides) if strides is not None
+             else (1,) + (2,) * (len(widths) - 1))
+  stem_width = _positive_ints("stem_width", (stem_width or widths[0],))[0]
+  _positive_ints("stem_stride", (stem_stride,))
+  if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+    raise ValueError(f"dropout = {dropout!r}: must be a number in [0, 1).")
 
   def stem(x, norm):
     x = _conv(stem_width, 3, stem_stride, name="stem_conv")(x)

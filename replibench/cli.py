@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 failure (a regression for compare, a failed trial for
 sweep, a crash), 2 bad input (one paragraph naming the file, binding or flag at
-fault; nothing written), 3 the run diverged.
+fault; nothing written), 3 the run diverged, 128+N stopped by signal N.
 """
 
 import json
@@ -11,11 +11,12 @@ import sys
 
 from absl import app, flags, logging
 
-from replibench import allocator, errors, processes
+from replibench import allocator, errors, inputs, native_logs, processes, rates
 from replibench.cli_help import COMMANDS, command_help, overview
 from replibench.errors import UserError
 
 FLAGS = flags.FLAGS
+MAX_TASKS = 256   # Processes one `launch` may start on this machine (each a TensorFlow).
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, parsed in order.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, applied after the files.")
 flags.DEFINE_string("workdir", None, "Run (or sweep) directory: checkpoints, events, result.json.")
@@ -86,8 +87,8 @@ def cmd_run(args) -> int:
   _no_arguments("run", args)
   if not FLAGS.workdir:
     raise UserError("run: --workdir is required.")
-  if FLAGS.max_steps is not None and FLAGS.max_steps < 1:
-    raise UserError(f"--max_steps={FLAGS.max_steps}: must be a positive number of steps.")
+  if FLAGS.max_steps is not None:
+    inputs.number("--max_steps", FLAGS.max_steps, 1, integer=True, meaning="steps")
   # On a worker or ps task of a parameter-server cluster it serves and never returns.
   result = run_experiment(_compile(), FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (
@@ -112,6 +113,7 @@ def cmd_predict(args) -> int:
     raise UserError("--gin_file is required (e.g. --gin_file=configs/resnet/fashion_mnist.gin).")
   if FLAGS["workers"].present and FLAGS.topology:
     raise UserError("predict: give --workers or --topology, not both.")
+  rates.check("--network", FLAGS.network)
   print(predict_command(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.device_profile,
                         FLAGS.efficiency, FLAGS.workers if FLAGS["workers"].present else None,
                         FLAGS.topology, FLAGS.network, FLAGS.json))
@@ -123,15 +125,14 @@ def cmd_launch(args) -> int:
   if not args:
     raise UserError("launch: give the replibench command after '--', e.g. "
                     "`replibench launch --workers 2 -- run --gin_file=F --workdir=D`.")
-  if FLAGS.workers < 1:
-    raise UserError(f"--workers={FLAGS.workers}: need at least one worker.")
-  if FLAGS.ps < 0:
-    raise UserError(f"--ps={FLAGS.ps}: the number of parameter servers cannot be negative.")
-  if FLAGS.cpus_per_worker < 0:
-    raise UserError(f"--cpus_per_worker={FLAGS.cpus_per_worker}: cannot be negative "
-                    f"(0 leaves the workers unpinned).")
-  if FLAGS.timeout is not None and not FLAGS.timeout > 0:
-    raise UserError(f"--timeout={FLAGS.timeout}: must be a positive number of seconds.")
+  inputs.number("--workers", FLAGS.workers, 1, MAX_TASKS, integer=True,
+                 meaning="worker processes on this machine")
+  inputs.number("--ps", FLAGS.ps, 0, MAX_TASKS, integer=True, meaning="parameter servers")
+  inputs.number("--cpus_per_worker", FLAGS.cpus_per_worker, 0, os.cpu_count() or 1,
+                integer=True, meaning="this machine's cores; 0 leaves the workers unpinned")
+  if FLAGS.timeout is not None:
+    inputs.number("--timeout", FLAGS.timeout, 0, low_open=True, meaning="seconds")
+  rates.check("--network", FLAGS.network)
   return launch(FLAGS.workers, args, FLAGS.cpus_per_worker, FLAGS.timeout, ps=FLAGS.ps,
                 network=FLAGS.network)
 
@@ -141,8 +142,10 @@ def cmd_sweep(args) -> int:
   _no_arguments("sweep", args)
   if not FLAGS.sweep or not FLAGS.workdir:
     raise UserError("sweep: --sweep and --workdir are required; see `replibench sweep --help`.")
-  if FLAGS.seeds is not None and FLAGS.seeds < 1:
-    raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
+  if FLAGS.seeds is not None:
+    inputs.number("--seeds", FLAGS.seeds, 1, integer=True, meaning="seeds 1..K")
+  inputs.input_file("--sweep", FLAGS.sweep)
+  inputs.output_directory("--workdir", FLAGS.workdir)
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
   outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
                       bindings=FLAGS.gin_bindings, validate=_validate_trial)
@@ -162,9 +165,10 @@ def cmd_report(args) -> int:
   from replibench.suite import build_report, format_table, write_report  # pylint: disable=import-outside-toplevel
   if len(args) != 1:
     raise UserError("report: give one sweep directory, `replibench report DIR [--out=OUT]`.")
+  out = inputs.output_directory("--out", FLAGS.out or os.path.join(args[0], "report"))
   report = build_report(args[0])
   print(format_table(report))
-  for kind, path in write_report(report, FLAGS.out or os.path.join(args[0], "report")).items():
+  for kind, path in write_report(report, out).items():
     print(f"wrote {kind}: {path}")
   return errors.EXIT_OK
 
@@ -297,7 +301,7 @@ def main(argv) -> int:
     return HANDLERS[command](args)
   except UserError as e:
     logging.flush()
-    print(f"replibench {command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+    print(f"replibench {command}: error: {errors.paragraph(e)}", file=sys.stderr)
     return errors.EXIT_USER_ERROR
   except processes.Terminated as e:
     print(f"replibench {command}: stopped by signal {e.signum}.", file=sys.stderr)
@@ -326,14 +330,31 @@ def _help_request(argv: list[str]) -> str | None:
   return command_help(command) if command else overview()
 
 
-def run_main():
+def _tensorflow_logging() -> None:
+  """TensorFlow's C++ logging (set before TensorFlow loads): its start-up notices
+  filtered out (native_logs.py), unless asked for with absl's -v / --verbosity (which
+  shows them, and INFO lines, in this process and the ones it starts)."""
+  if FLAGS["verbosity"].present:
+    os.environ[native_logs.ENV] = "all"
+  if native_logs.wanted():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+    return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  native_logs.filter_stderr()
+
+
+def run_main():
   allocator.keep_buffers_mapped()   # Before TensorFlow allocates (see allocator.py).
   text = _help_request(sys.argv)
   if text is not None:
     print(text)
     sys.exit(errors.EXIT_OK)
-  app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
+
+  def start(argv):
+    _tensorflow_logging()
+    sys.exit(main(argv))
+
+  app.run(start, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

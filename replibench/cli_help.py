@@ -88,7 +88,10 @@ COMMANDS = {
 }
 
 EXIT_CODES = ("Exit codes: 0 success; 1 failure (a regression, a failed trial, a crash); "
-              "2 bad input (one paragraph naming the culprit, nothing written); 3 diverged.")
+              "2 bad input (one paragraph naming the culprit, nothing written); 3 diverged; "
+              "128+N stopped by signal N.\n"
+              "TensorFlow's C++ start-up notices are left out; -v 0 (absl's verbosity) shows "
+              "them.")
 
 
 def overview() -> str:

@@ -11,11 +11,13 @@ whose internals moved, instead of letting the math change silently.
                     `momentums`), `_iterations`, `_learning_rate`.
   Keras BN          `_moments(inputs, mask)` and `_reduction_axes` (cross-replica
                     batch statistics).
-  gin               `config._LOCATION_PREFIXES` (search path de-duplication).
+  gin               `config._LOCATION_PREFIXES` (search path de-duplication),
+                    `config._inverse_lookup` (a configurable's name, for messages).
   TensorFlow        `tensorflow.python.profiler` (FLOP counting of a graph:
                     tf.profiler.experimental has no FLOP counter);
                     `MirroredStrategy._collective_key_base` (a fresh key
-                    range per strategy).
+                    range per strategy); `_pywrap_util_port.IsMklEnabled`
+                    (whether oneDNN's CPU kernels are on: benchmarks).
 """
 
 import keras
@@ -121,6 +123,13 @@ def fresh_collective_keys() -> None:
   tf.distribute.MirroredStrategy._collective_key_base = base   # pylint: disable=protected-access
 
 
+def onednn_enabled() -> bool:
+  """Whether TensorFlow runs oneDNN's CPU kernels in this process (its build, and
+  TF_ENABLE_ONEDNN_OPTS)."""
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
+  return bool(_pywrap_util_port.IsMklEnabled())
+
+
 # -- gin ---------------------------------------------------------------------------
 
 def add_gin_search_path(path: str) -> None:
@@ -128,3 +137,18 @@ def add_gin_search_path(path: str) -> None:
   import gin  # pylint: disable=import-outside-toplevel
   if path not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
     gin.add_config_file_search_path(path)
+
+
+def gin_name(fn_or_cls) -> str | None:
+  """The name a gin config uses for a configurable function or class ('small_resnet',
+  'regimes.Compressed': the module only where one was given to gin); None if gin does
+  not know it."""
+  from gin import config  # pylint: disable=import-outside-toplevel
+  try:
+    info = config._inverse_lookup(fn_or_cls, allow_decorators=True)  # pylint: disable=protected-access
+  except TypeError:   # Unhashable: not a function or class.
+    return None
+  if info is None:
+    return None
+  default_module = getattr(info.wrapped, "__module__", None)
+  return info.name if info.module in (None, "", default_module) else info.selector

@@ -83,6 +83,13 @@ def exit_code(signum: int) -> int:
   return 128 + signum
 
 
+def exit_status(returncode: int) -> int:
+  """A child's Popen returncode as an exit status to pass on: a child killed by signal
+  N has returncode -N, which as this process's status would wrap to 256 - N (247 for
+  SIGKILL); the shell's 128 + N is what a caller expects."""
+  return exit_code(-returncode) if returncode < 0 else returncode
+
+
 def popen(command: list[str], **kwargs) -> subprocess.Popen:
   """subprocess.Popen of a child that dies with this process (preexec by default)."""
   kwargs.setdefault("preexec_fn", preexec())

@@ -2,9 +2,10 @@
 
 `RunResult` is the schema (with a version); `write` and `read` are the only
 code that touches the file. Its parts are typed records (Budget, Session,
-Network, NoiseScale, Machine, Communication): frozen dataclasses read by
-attribute (`result.budget.total_steps`) or, as the plain dicts of schema 1 were,
-by key (`result.budget["total_steps"]`: the fields that have a value).
+Network, NoiseScale, Machine, Communication, Throughput): frozen dataclasses
+read by attribute (`result.budget.total_steps`) or, as the plain dicts of schema
+1 were, by key (`result.budget["total_steps"]`; a field that schema 1 left out
+when it had no value is absent then).
 
 Schema 2 writes every field of every record (null where nothing was measured).
 Schema 1 (and 0: no schema_version) wrote the records as dicts that left out
@@ -37,16 +38,19 @@ STATUSES = FINAL_STATUSES + (FAILED,)
 
 
 class Record(collections.abc.Mapping):
-  """A frozen dataclass that also reads as a mapping of its fields that have a value."""
+  """A frozen dataclass that also reads as a mapping of its fields, as schema 1's dict
+  did: without the fields in LEFT_OUT that have no value (schema 1 left them out)."""
+
+  LEFT_OUT = frozenset()
 
   def __getitem__(self, key: str) -> Any:
-    value = getattr(self, key, None) if key in _names(type(self)) else None
-    if value is None:
+    if key not in self.__iter__():
       raise KeyError(key)
-    return value
+    return getattr(self, key)
 
   def __iter__(self):
-    return (name for name in _names(type(self)) if getattr(self, name) is not None)
+    return iter([name for name in _names(type(self))
+                 if name not in self.LEFT_OUT or getattr(self, name) is not None])
 
   def __len__(self) -> int:
     return sum(1 for _ in self)
@@ -75,7 +79,10 @@ class Session(Record):
 @dataclasses.dataclass(frozen=True)
 class Network(Record):
   """Bytes on a launched cluster's wire this session (harness/wire.py)."""
+  LEFT_OUT = frozenset({"init_bytes", "bytes_on_wire_per_step", "expected_bytes_per_step",
+                        "measured_over_expected"})
   rate: str
+  init_bytes: int | None        # From the cluster's start to the timed run (schema 1: none).
   bytes_on_wire: int
   eval_bytes: int
   checkpoint_bytes: int
@@ -88,6 +95,7 @@ class Network(Record):
 @dataclasses.dataclass(frozen=True)
 class NoiseScale(Record):
   """The simple gradient noise scale (engine/measure/noise_scale.py)."""
+  LEFT_OUT = frozenset({"caveat"})
   b_simple: float | None     # None where |G|^2 came out <= 0.
   trace_sigma: float | None  # None: not finite (written as null).
   grad_sq: float | None
@@ -114,6 +122,12 @@ class Communication(Record):
   """The step's communication account (engine/measure/communication.py; for
   parameter-server workers engine/measure/transfers.py), per replica and step, with
   the measured step time beside the collectives' time alone."""
+  LEFT_OUT = frozenset({"wire_bytes_per_replica_per_step", "wire_messages_per_replica_per_step",
+                        "wire_messages_by_collective", "wire_ops_per_step_by_collective",
+                        "graph_collectives_per_step", "collective_s_per_step",
+                        "rpc_overhead_bytes_by_collective", "rpc_overhead_bytes_per_message",
+                        "rpc_overhead_bytes_per_call_by_collective", "parameter_server", "note",
+                        "step_s", "collective_fraction"})
   collectives_per_step: float
   bytes_per_step: int
   by_kind: dict                                   # kind -> {count, bytes}
@@ -121,17 +135,38 @@ class Communication(Record):
   wire_bytes_per_replica_per_step: int | None
   wire_messages_per_replica_per_step: float | None
   wire_messages_by_collective: dict | None
+  wire_ops_per_step_by_collective: dict | None   # Collective ops (calls) a step runs.
   # What TensorFlow's graph holds, and the collectives' time alone.
   graph_collectives_per_step: float | None
   collective_s_per_step: float | None
   # Protocol bytes per message, measured on a launched cluster's link at init.
   rpc_overhead_bytes_by_collective: dict | None
   rpc_overhead_bytes_per_message: float | None
+  rpc_overhead_bytes_per_call_by_collective: dict | None
   parameter_server: dict | None            # pulls, pushes, repeated_reads
   note: str | None
   # The measured step, and the collectives' share of it (a lower bound).
   step_s: float | None
   collective_fraction: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput(Record):
+  """A run on synthetic data (harness/throughput.py): examples/s in all and per device,
+  step time, the plan's FLOP rate and its fraction of the calibrated matmul, peak memory."""
+  data: str                                 # 'synthetic'
+  time_to_target: str                       # Why it is undefined.
+  examples_per_s: float | None
+  devices: int
+  device_names: list
+  examples_per_s_per_device: float | None
+  step_s: float | None
+  train_flops_per_example: float | None
+  achieved_flops_per_s: float | None
+  achieved_flops_per_s_per_device: float | None
+  fraction_of_calibrated_matmul: float | None
+  peak_host_memory_bytes: int
+  peak_accelerator_memory_bytes: dict
 
 
 @dataclasses.dataclass
@@ -180,6 +215,7 @@ class RunResult:
   git_sha: str = ""
   tf_version: str = ""
   machine: Machine | None = None
+  throughput: Throughput | None = None   # On synthetic data, where time to target is undefined.
   error: str | None = None
   schema_version: int = SCHEMA_VERSION
 
@@ -295,6 +331,13 @@ def _build(cls, data: Any, source: str, where: str = ""):
   hints = typing.get_type_hints(cls)
   return cls(**{name: _value(hints[name], value, source, prefix + name)
                 for name, value in data.items() if name in fields})
+
+
+def configuration(hparams: dict) -> dict:
+  """A run's hparams without its seed: what names its configuration. Runs that differ
+  only in seed are one configuration: one row of a report, one session group (its
+  seeds the sessions) in TensorBoard's HParams table."""
+  return {k: v for k, v in hparams.items() if k != "seed"}
 
 
 def path_in(directory: str) -> str:

@@ -53,6 +53,21 @@ TINY = {
 }
 
 
+# Every config on synthetic data (replibench/data/synthetic.py) must appear here: the
+# overrides that shrink it to a few CPU steps (tests/test_synthetic.py runs each once;
+# the model's structure stays, images, channels and batches shrink).
+TINY_SYNTHETIC = {
+    f"configs/{workload}/{name}.gin": [f"include 'configs/{workload}/synthetic_tiny.gin'"]
+    for workload, name in (("resnet", "imagenet_synthetic"), ("sngan", "imagenet128_synthetic"),
+                           ("d4pg", "cartpole_swingup_pixels_synthetic"))}
+
+
+def synthetic_configs() -> list[str]:
+  """Every .gin under configs/ that binds a synthetic data source."""
+  paths = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin")))
+  return [os.path.relpath(p, REPO) for p in paths if "@Synthetic" in open(p).read()]
+
+
 def workload_configs() -> list[str]:
   """Every .gin under configs/ that declares an experiment (not topology fragments)."""
   paths = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin")))
@@ -84,13 +99,14 @@ def random_images(n: int) -> tuple:
 
 def derived_configs() -> dict[str, str]:
   """{config: the workload config it includes} for configs that only change budgets
-  or targets of another (e.g. the bench suites' short recipes)."""
-  bases = set(workload_configs())
+  or targets of another (e.g. the bench suites' short recipes); not those that swap in
+  synthetic data (synthetic_configs: they never evaluate)."""
+  bases, synthetic = set(workload_configs()), set(synthetic_configs())
   derived = {}
   for path in sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin"))):
     config = os.path.relpath(path, REPO)
     included = re.findall(r"^include '([^']+)'", open(path).read(), flags=re.M)
-    if config not in bases and any(i in bases for i in included):
+    if config not in bases | synthetic and any(i in bases for i in included):
       derived[config] = next(i for i in included if i in bases)
   return derived
 
@@ -116,6 +132,22 @@ def failure_report(run: subprocess.CompletedProcess, tail: int = 3000) -> str:
   crashes = [i for i, line in enumerate(lines) if "Fatal Python error" in line]
   blocks = ["\n".join(lines[i:i + 40]) for i in crashes[:2]]
   return "\n".join([f"exit code {run.returncode}", *blocks, "... " + output[-tail:]])
+
+
+_LINK_TOTAL = re.compile(r"\[launch\] the cluster's link carried ([\d,]+) bytes in all")
+
+
+def check_wire_account(launched: subprocess.CompletedProcess, workdir) -> dict:
+  """Checks a launched run's `network` record: measured bytes per step within 10% of
+  the communication account's, and init_bytes + bytes_on_wire the link's total but
+  for the tasks' shutdown (the launcher's last line). Returns the record."""
+  wire = result(workdir).network
+  ratio = wire["bytes_on_wire_per_step"] / wire["expected_bytes_per_step"]
+  assert 0.9 <= ratio <= 1.1, (ratio, wire, result(workdir).communication)
+  total = int(_LINK_TOTAL.search(launched.stderr)[1].replace(",", ""))
+  shutdown = total - wire["init_bytes"] - wire["bytes_on_wire"]
+  assert 0 <= shutdown <= 0.05 * total, (total, wire)
+  return wire
 
 
 def result(workdir):

@@ -34,7 +34,8 @@ ALLOWED = {
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
           "replibench.results", "replibench.processes", "replibench.rates",
-          "replibench.allocator"}
+          "replibench.allocator", "replibench.inputs",
+          "replibench.native_logs"}
 
 
 def _modules() -> dict[str, str]:

@@ -16,6 +16,8 @@ def _one_paragraph_error(run) -> str:
   assert "Traceback" not in run.stderr, run.stderr[-3000:]
   lines = [l for l in run.stderr.splitlines() if l.startswith("replibench") and "error:" in l]
   assert len(lines) == 1, run.stderr[-3000:]
+  # TensorFlow's C++ start-up notices stay out of the way (replibench/native_logs.py).
+  assert "InitializeLog" not in run.stderr and "oneDNN" not in run.stderr, run.stderr[-3000:]
   return lines[0]
 
 
@@ -122,3 +124,35 @@ def test_launch_says_why_when_no_private_network_namespace_can_be_made(tmp_path)
   line = _one_paragraph_error(run)
   assert "private network namespace" in line and "Operation not permitted" in line
   assert not (tmp_path / "run").exists()
+
+
+def test_tensorflow_start_up_notices_are_shown_when_asked():
+  """absl's verbosity flag shows TensorFlow's C++ banner and INFO notices, which every
+  other command leaves out (_one_paragraph_error checks)."""
+  asked = helpers.cli("-v", "0", "plan", f"--gin_file={CONFIG}",
+                      "--gin_bindings=Experiment.target = nan")
+  assert asked.returncode == 2 and "cannot read nan" in asked.stderr, asked.stderr[-3000:]
+  assert "InitializeLog" in asked.stderr and "I0000" in asked.stderr, asked.stderr[-3000:]
+
+
+@pytest.mark.parametrize("line,driver,kept", [
+    ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+     False, False),
+    ("I0000 00:00:1795.635 4881 port.cc:153] oneDNN custom operations are on.", False, False),
+    ("To enable the following instructions: AVX2 FMA, in other operations, rebuild", False,
+     False),
+    ("E0000 00:00:1795.63 4881 cuda_platform.cc:52] failed call to cuInit: INTERNAL", False,
+     False),
+    ("E0000 00:00:1795.63 4881 cuda_platform.cc:52] failed call to cuInit: INTERNAL", True,
+     True),
+    ("E0000 00:00:1795.63 8748 base_collective_executor.cc:252] StartAbort UNAVAILABLE", False,
+     True),
+    ("W1125 19:32:45.090621 140063 gpu_device.cc:2] Cannot dlopen some GPU libraries.", False,
+     True),
+    ("F1125 19:32:45.090621 140063 tensor.cc:9] Check failed: dims() == 2", False, True),
+    ("I1125 19:32:45.090621 140063805873024 loop.py:214] eval at step 20", False, True),
+    ("Traceback (most recent call last):", False, True),
+])
+def test_the_filter_drops_start_up_notices_and_keeps_every_warning_and_error(line, driver, kept):
+  from replibench import native_logs  # pylint: disable=import-outside-toplevel
+  assert native_logs.keep(line, nvidia_driver=driver) == kept

@@ -81,3 +81,6 @@ def test_every_config_plans(config):
   plan = make_plan(load_experiment([os.path.join(helpers.REPO, config)], []))
   assert plan["num_replicas"] >= 1 and plan["total_steps"] > 0
   assert plan["parameters"] > 0 and plan["train_flops_per_step"] > 0
+  # The batch norms the models use, with their one momentum and epsilon, are stated.
+  if "fashion_mnist" in plan["workload"] and not plan["workload"].startswith("d4pg"):
+    assert "momentum 0.9, epsilon" in plan["batch_norm"], plan["batch_norm"]

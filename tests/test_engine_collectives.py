@@ -136,3 +136,43 @@ def test_fusion_reduces_a_nest_in_one_transfer():
   ops += [node.op for f in graph.as_graph_def().library.function for node in f.node_def]
   # ReductionToOneDevice adds each reduced tensor's replica copies with one AddN.
   assert ops.count("AddN") == 1
+
+
+def test_a_gradient_through_an_all_reduce_is_a_second_collective_in_the_account():
+  """The gradient of an all-reduce is an all-reduce of the same size (cross-replica
+  batch norm's moments send twice a step): the account records it when the gradient
+  is traced, and nothing when no gradient flows through."""
+  from replibench.engine.measure import communication  # pylint: disable=import-outside-toplevel
+  replicator = engine.Replicator(engine.Local(num_replicas=2))
+
+  def step(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      moments = engine.all_reduce(tf.stack([x, x * x]), "sum", kind="batch_norm")
+      loss = tf.reduce_sum(moments * moments)
+    engine.all_reduce(tf.ones([5]), "sum", kind="outputs")   # No gradient flows here.
+    return tape.gradient(loss, x)
+
+  x = replicator.strategy.experimental_distribute_values_from_function(
+      lambda ctx: tf.fill([3], tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)))
+  with communication.Ledger() as ledger:
+    grads = tf.function(lambda v: replicator.run(step, v))(x)
+  entries = [(e.kind, e.payload) for e in ledger.entries()]
+  assert entries == [("batch_norm", 24), ("outputs", 20), ("batch_norm", 24)]
+  for replica, value in enumerate(replicator.strategy.experimental_local_results(grads), 1):
+    # The gradient is unchanged: loss = sum(S^2 + Q^2), S = x1 + x2, Q = x1^2 + x2^2, and
+    # the all-reduce's gradient sums the replicas' upstream: 2 (2S + 4 Q x_r).
+    np.testing.assert_allclose(value.numpy(), [2 * (2 * 3 + 4 * 5 * replica)] * 3)
+
+
+def test_the_account_counts_each_collective_op_once_per_call():
+  """summarize's ops per step: an op in the step's body runs in every call (once per
+  steps_per_call steps), one under a condition taken every 4 steps in a call of 2
+  steps in every other call, the outputs' reduction once a call."""
+  from replibench.engine.measure import communication  # pylint: disable=import-outside-toplevel
+  entries = [communication.Entry("gradients", 400, "all_reduce", None, 1.0),
+             communication.Entry("parameters", 400, "all_reduce", None, 0.25),
+             communication.Entry("outputs", 8, "all_reduce", None, 1.0)]
+  account = communication.summarize(entries, steps_per_call=2, num_replicas=2)
+  assert account["wire_ops_per_step_by_collective"] == {"all_reduce": (1 + 0.5 + 1) / 2}
+  assert account["wire_messages_by_collective"] == {"all_reduce": 2 + 0.5 + 1}

@@ -130,3 +130,20 @@ def test_a_call_holds_one_copy_of_the_replicated_step():
   # Steps 0-2 read [0..3], [4..7], [8..11]: the call returns the mean of their means.
   assert train()["loss"] == pytest.approx(5.5)
   assert train()["loss"] == pytest.approx(17.5)
+
+
+def test_both_batch_norm_kinds_take_the_one_setting_and_refuse_their_own():
+  """engine.batch_norm_setting is the recipe of cross-replica and per-replica batch norm
+  alike (the noise-scale sweep once ran the per-replica kind at Keras' defaults while
+  the batch-size sweep's cross-replica kind ran the config's 0.9 / 1e-5)."""
+  import gin  # pylint: disable=import-outside-toplevel
+  from replibench.errors import UserError  # pylint: disable=import-outside-toplevel
+  gin.parse_config("engine.batch_norm_setting.momentum = 0.9\n"
+                   "engine.batch_norm_setting.epsilon = 1e-5")
+  with engine.layers.recording() as made:
+    norms = [engine.cross_replica_batch_norm(name="a"), engine.per_replica_batch_norm(name="b")]
+  assert [(n.momentum, n.epsilon) for n in norms] == [(0.9, 1e-5)] * 2
+  assert made == {"cross_replica_batch_norm", "per_replica_batch_norm"}
+  gin.parse_config("engine.per_replica_batch_norm.momentum = 0.99")
+  with pytest.raises(UserError, match="bind engine.batch_norm_setting.momentum instead"):
+    engine.per_replica_batch_norm(name="c")

@@ -6,6 +6,8 @@ internals.py alone.
 """
 
 import inspect
+import os
+import platform
 
 import gin
 import keras
@@ -97,6 +99,18 @@ def test_gin_search_path_is_added_once(tmp_path):
     gin.config._LOCATION_PREFIXES[:] = before  # pylint: disable=protected-access
 
 
+def test_gin_names_a_configurable_as_a_config_writes_it():
+  """gin's inverse registry (config._inverse_lookup): a module given to gin is kept
+  (regimes.Compressed), a default one dropped (small_resnet), an unknown is None."""
+  from replibench.config import registry  # pylint: disable=import-outside-toplevel
+  from replibench.engine.regimes.compressed import Compressed  # pylint: disable=import-outside-toplevel
+  from models import resnet  # pylint: disable=import-outside-toplevel
+  registry.register_all()
+  assert internals.gin_name(Compressed) == "regimes.Compressed"
+  assert internals.gin_name(resnet.small_resnet) == "small_resnet"
+  assert internals.gin_name(dict) is None
+
+
 def test_graph_flops_counts_a_matmul():
   graph = tf.function(lambda a, b: tf.matmul(a, b)).get_concrete_function(
       tf.TensorSpec([4, 5]), tf.TensorSpec([5, 6])).graph
@@ -119,3 +133,10 @@ def test_strategies_made_one_after_another_use_their_own_collective_keys():
         tf.distribute.get_replica_context().all_reduce("sum", tf.ones([n])) for n in shapes]))
     sums = strategy.experimental_local_results(step())
     np.testing.assert_array_equal(sums[0][0], np.full(shapes[0], 2.0))
+
+
+def test_onednn_flag_is_readable():
+  enabled = internals.onednn_enabled()
+  assert isinstance(enabled, bool)
+  if platform.machine() == "x86_64" and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
+    assert enabled   # TensorFlow's x86 Linux wheels run oneDNN by default.

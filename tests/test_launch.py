@@ -73,6 +73,11 @@ def _gone(pids, timeout=30) -> bool:
   return False
 
 
+def _cmdline(pid: int) -> bytes:
+  with open(f"/proc/{pid}/cmdline", "rb") as f:
+    return f.read()
+
+
 def _in_namespace(pid: int, *command: str) -> str:
   return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", *command],
                         capture_output=True, text=True, check=True).stdout
@@ -153,3 +158,23 @@ bindings = ["Experiment.train_epochs = 1000", "small_resnet.widths = (4, 8, 8)",
     if sweep.poll() is None:
       sweep.kill()
     sweep.wait()
+
+
+@pytest.mark.parametrize("victim", ["inner launcher", "task"])
+def test_a_launch_whose_launcher_or_task_is_killed_exits_128_plus_the_signal(tmp_path, victim):
+  """`launch` re-runs itself inside the namespace; a SIGKILL of that inner launcher, or
+  of a task, is exit status 137 (the README's 128 + N), not Popen's -9 wrapped to 247."""
+  launch = _Launch(["launch", "--workers=1", "--", *LONG_RUN, f"--workdir={tmp_path}"], 1)
+  try:
+    launch.wait_started()
+    if victim == "task":
+      pid = launch.tasks["worker 0"][0]
+    else:   # The child running `launch` again; the other, stderr's filter (native_logs),
+      # is a fork of the launcher, with its command line.
+      pid = next(int(p) for p in subprocess.run(
+          ["pgrep", "-P", str(launch.proc.pid)], capture_output=True, text=True,
+          check=True).stdout.split() if _cmdline(int(p)) != _cmdline(launch.proc.pid))
+    os.kill(pid, signal.SIGKILL)
+    assert launch.proc.wait(timeout=60) == 128 + signal.SIGKILL, "".join(launch.lines)[-3000:]
+  finally:
+    launch.stop()

@@ -31,6 +31,9 @@ def test_two_workers_match_two_local_replicas(tmp_path):
                          f"--workdir={tmp_path / 'workers'}")
   assert launched.returncode == 0, helpers.failure_report(launched)
   assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
+  # The config's own cross-replica batch norm: its account against the wire
+  # (test_network checks the other configs that can launch).
+  helpers.check_wire_account(launched, tmp_path / "workers")
 
   a, b = helpers.result(tmp_path / "local"), helpers.result(tmp_path / "workers")
   assert (a.num_replicas, b.num_replicas, b.num_workers) == (2, 2, 2)

@@ -74,7 +74,7 @@ def _facts() -> outcome.RunFacts:
       regime_means={"regime/bytes_communicated": 400.0, "regime/noise_small_sq": 2.0,
                     "regime/noise_big_sq": 1.5},
       eval_s=0.5, sessions=[{"start_step": 0, "end_step": 30, "init_s": 3.25, "timed_s": 12.5}],
-      examples_per_s=160.0, first_call_s=1.0, network=None, machine=machine,
+      examples_per_s=160.0, first_call_s=1.0, network=None, machine=machine, throughput=None,
       communication={"collectives_per_step": 1.0, "bytes_per_step": 400,
                      "by_kind": {"gradients": {"count": 1.0, "bytes": 400}},
                      "collective_s_per_step": 0.1})

@@ -216,3 +216,11 @@ def test_judge_must_name_known_metrics(tmp_path):
   with pytest.raises(UserError, match="key 'judge' must list some of converged"):
     run_sweep([], str(tmp_path / "s.sweep"), str(tmp_path / "run"),
               runner=fake.FakeRunner(), log=lambda s: None)
+
+
+def test_the_unconverged_footnote_stands_under_a_table_with_a_marked_row_only(tmp_path):
+  every_seed = format_table(build_report(fake_sweep(str(tmp_path / "all"))))
+  assert " *" not in every_seed and "Not every seed" not in every_seed
+  one_missed = format_table(build_report(
+      fake_sweep(str(tmp_path / "one"), no_convergence("replicas=4", seeds=(2,)))))
+  assert "2/3 *" in one_missed and "* Not every seed reached the target" in one_missed

@@ -225,7 +225,8 @@ def test_hparams_experiment_config_names_trial_hparams_and_metrics(tmp_path):
   assert value.tag == "_hparams_/experiment"
   data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
   names = {h.name for h in data.experiment.hparam_infos}
-  assert {"num_replicas", "global_batch_size", "seed", "topology"} <= names
+  assert {"num_replicas", "global_batch_size", "topology"} <= names
+  assert "seed" not in names   # A configuration's seeds are the sessions of its group.
   assert {m.name.tag for m in data.experiment.metric_infos} == {
       "hparams/time_to_target_s", "hparams/final_metric"}
 

@@ -8,6 +8,7 @@ one validation. plan.make_plan describes an Experiment without devices.
 
 from replibench.config import gin_loader
 from replibench.config.experiment import Experiment
+from replibench import errors
 from replibench.errors import UserError
 
 
@@ -22,7 +23,7 @@ def load_experiment(gin_files: list[str], gin_bindings: list[str]) -> Experiment
     # gin reports missing REQUIRED bindings, bad constructor arguments and values
     # its configurables reject here, wrapped with the binding's location.
     raise UserError(f"Gin config {' + '.join(gin_files) or '(none)'}: "
-                    f"{' '.join(str(e).split())}") from None
+                    f"{errors.paragraph(e)}") from None
 
 
 __all__ = ["load_experiment", "Experiment"]

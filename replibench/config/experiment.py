@@ -8,6 +8,7 @@ import gin
 from replibench.engine import Topology, TrainSpec
 from replibench.engine.regimes import Regime, Sync
 from replibench.errors import UserError
+from replibench.inputs import shown
 from replibench.workloads import precision as precision_lib
 from replibench.workloads.base import Workload
 
@@ -74,7 +75,12 @@ class Experiment:
                 "steps_per_call": self.steps_per_call, "log_every_steps": self.log_every_steps}
     for name, value in positive.items():
       if not (math.isfinite(value) and value > 0):
-        raise UserError(f"Experiment.{name} = {value!r}: must be a positive, finite number.")
+        raise UserError(f"Experiment.{name} = {shown(value)}: must be a positive, finite number.")
+    examples = self.workload.examples_per_epoch()
+    if self.global_batch_size > examples:
+      raise UserError(
+          f"Experiment.global_batch_size = {self.global_batch_size}: more than the {examples:,} "
+          f"examples of one epoch of {self.workload.name}; give a batch in [1, {examples}].")
     if self.seed < 0:
       raise UserError(f"Experiment.seed = {self.seed}: must be >= 0.")
     if not 0 <= self.inject_slowdown < 0.9:
@@ -83,14 +89,14 @@ class Experiment:
     low, high = self.workload.target_range
     if not (math.isfinite(self.target) and low <= self.target <= high):
       raise UserError(
-          f"Experiment.target = {self.target!r}: {self.workload.target_metric} of "
+          f"Experiment.target = {shown(self.target)}: {self.workload.target_metric} of "
           f"{type(self.workload).__name__} lies in [{low}, {high}], so this target could "
           f"never (or always) be met; choose a finite value in that range.")
 
   def _check_precision(self):
     if self.precision not in precision_lib.PRECISIONS:
       raise UserError(
-          f"Experiment.precision = {self.precision!r}: not a precision replibench knows; "
+          f"Experiment.precision = {shown(self.precision)}: not a precision replibench knows; "
           f"choose one of {', '.join(repr(p) for p in precision_lib.PRECISIONS)} (a Keras "
           f"mixed-precision policy: variables stay float32, layers compute in the named dtype).")
     # Exactly Sync: the regimes that apply per-replica gradients cannot agree on a skip.
@@ -111,8 +117,9 @@ class Experiment:
     for name, kind in expected.items():
       value = getattr(self, name)
       if not isinstance(value, kind) or isinstance(value, bool):
-        want = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise UserError(f"Experiment.{name} must be a {want}, got {value!r} "
+        want = {int: "an integer", str: "a string"}.get(kind, "a number" if kind == (
+            int, float) else f"a {getattr(kind, '__name__', kind)}")
+        raise UserError(f"Experiment.{name} must be {want}, got {shown(value)} "
                         f"({type(value).__name__}); check that binding in the gin files.")
 
   @property

@@ -11,13 +11,16 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 import tensorflow as tf
 
 from replibench.config.experiment import Experiment
+from replibench.engine import layers
 from replibench.engine.measure import communication
 from replibench.workloads import precision as precision_lib
+from replibench.workloads.base import SYNTHETIC_TIME_TO_TARGET
 
 
 def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
-  experiment.check_models()
+  with layers.recording() as norms:
+    experiment.check_models()
   spec, workload, topology = experiment.train_spec(), experiment.workload, experiment.topology
   facts = workload.describe(spec)
   flops = facts.get("train_flops_per_example")
@@ -34,6 +37,7 @@ def make_plan(experiment: Experiment) -> dict:
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * spec.global_batch_size if flops else None,
       "precision": precision_lib.describe(spec.precision),
+      "batch_norm": batch_norm(norms),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own
       # formula, applied to the tensors it exchanges).
@@ -46,17 +50,29 @@ def make_plan(experiment: Experiment) -> dict:
       "learning_rate": facts.get("learning_rate"),
       "communication": communication_account(experiment),
       "eval_every_steps": experiment.eval_every_steps,
-      "target_metric": experiment.workload.target_metric,
+      "target_metric": workload.target_metric,
       "target": experiment.target,
+      # On synthetic data the target is never checked (data/synthetic.py).
+      **({"time_to_target": SYNTHETIC_TIME_TO_TARGET} if workload.synthetic_data else {}),
       "seed": spec.seed,
   }
+
+
+def batch_norm(kinds: set[str]) -> str | None:
+  """The batch norms the models use and their one momentum and epsilon (None: none of
+  the engine's kinds, e.g. layer norm or a model's own default)."""
+  if not kinds:
+    return None
+  setting = layers.batch_norm_setting()
+  return (f"{' and '.join(sorted(kinds))}: momentum {setting['momentum']:g}, epsilon "
+          f"{setting['epsilon']:g} (engine.batch_norm_setting, one setting for both kinds)")
 
 
 def communication_account(experiment: Experiment) -> dict | None:
   """Collectives one replica issues per step, by kind, from a trace of one replica's
   step (engine/measure/communication.py). The counts do not depend on the replica count;
-  each forward collective under a gradient tape adds one in the backward pass
-  (cross-replica batch norm: two per layer), which the run's account counts."""
+  they include the backward pass's collectives (a forward all-reduce that a gradient
+  flows through, such as cross-replica batch norm's, sends again: two per layer)."""
   workload, spec = experiment.workload, experiment.train_spec()
   workload.build_learner(spec)
   element = workload.element_spec(spec.per_replica_batch_size)
@@ -99,6 +115,6 @@ def _format(key: str, value) -> str:
                       for k, v in value["by_kind"].items())
     wire = value.get("wire_bytes_per_replica_per_step")
     wire = f"; {wire:,} B on the wire a replica (ring algorithms)" if wire else ""
-    return (f"{value['collectives_per_step']:g} collectives/step issued ({kinds}){wire}; "
-            f"+1 per batch-norm moment in a backward pass")
+    return (f"{value['collectives_per_step']:g} collectives/step issued, backward pass "
+            f"included ({kinds}){wire}")
   return _human(key, value)

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 SCHEMES = ("iid", "dirichlet", "by_class")
 _REDRAWS = 100
@@ -30,10 +31,10 @@ _REDRAWS = 100
 def check(scheme, alpha, binding: str = "FashionMNIST") -> None:
   """Raises UserError unless scheme is None or one of SCHEMES and alpha is positive."""
   if scheme is not None and scheme not in SCHEMES:
-    raise UserError(f"{binding}.partition = {scheme!r}: must be None (every replica reads the "
+    raise UserError(f"{binding}.partition = {shown(scheme)}: must be None (every replica reads the "
                     f"whole split) or one of {', '.join(map(repr, SCHEMES))}.")
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-    raise UserError(f"{binding}.dirichlet_alpha = {alpha!r}: must be a positive number "
+    raise UserError(f"{binding}.dirichlet_alpha = {shown(alpha)}: must be a positive number "
                     f"(the Dirichlet concentration; 0.1 is strongly non-IID).")
 
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 from replibench.data import fashion_mnist, partition, tfds_images
 from replibench.data.resume import batches_consumed
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 @gin.configurable
@@ -39,13 +40,13 @@ class FashionMNIST:
   def __post_init__(self):
     partition.check(self.partition, self.dirichlet_alpha)
     if self.pixels not in ("standardized", "tanh"):
-      raise UserError(f"FashionMNIST.pixels = {self.pixels!r}: must be 'standardized' or "
+      raise UserError(f"FashionMNIST.pixels = {shown(self.pixels)}: must be 'standardized' or "
                       f"'tanh'.")
     for name, limit in (("num_train_examples", 60_000), ("num_eval_examples", 10_000)):
       value = getattr(self, name)
       if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                 or not 1 <= value <= limit):
-        raise UserError(f"FashionMNIST.{name} = {value!r}: must be None (the whole split) "
+        raise UserError(f"FashionMNIST.{name} = {shown(value)}: must be None (the whole split) "
                         f"or a whole number of examples from 1 to {limit:,}.")
 
   def _rescale(self, ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -105,7 +106,7 @@ class TfdsImages:
     for name in ("num_classes", "num_train_examples", "num_eval_examples", "image_size"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"TfdsImages.{name} = {value!r}: must be a positive integer.")
+        raise UserError(f"TfdsImages.{name} = {shown(value)}: must be a positive integer.")
 
   @property
   def image_shape(self) -> tuple:

@@ -117,12 +117,34 @@ def all_reduce(x, op: str = "sum", kind: str = "other"):
   """
   if op in _REDUCE_OPS:
     communication.record(kind, x)
-    return _group().all_reduce(x, op)
+    return _recording_backward(_group().all_reduce(x, op), kind)
   if op in _GATHER_OPS:
     reduce = _GATHER_OPS[op]
     return tf.nest.map_structure(
         lambda t: reduce(all_gather(tf.expand_dims(t, 0), axis=0, kind=kind), axis=0), x)
   raise ValueError(f"all_reduce op must be one of {OPS}, got {op!r}.")
+
+
+def _recording_backward(reduced, kind: str):
+  """reduced (an all-reduce's result, a nest), unchanged; a gradient taken through it
+  records, in the step's account, the collective its backward pass issues.
+
+  The gradient of an all-reduce is an all-reduce of the same size (tf.distribute's
+  ReplicaContext.all_reduce, and the default strategy's identity on one replica): a
+  forward collective under a gradient tape, such as cross-replica batch norm's
+  moments, sends twice a step. The backward is recorded when the gradient is traced,
+  so exactly the collectives a gradient flows through count twice.
+  """
+  leaves = tf.nest.flatten(reduced)
+
+  @tf.custom_gradient
+  def identity(*tensors):
+    def gradient(*upstream):
+      communication.record(kind, [g for g in upstream if g is not None])
+      return upstream
+    return [tf.identity(t) for t in tensors], gradient
+
+  return tf.nest.pack_sequence_as(reduced, identity(*leaves))
 
 
 def all_gather(x, axis: int = 0, kind: str = "other"):

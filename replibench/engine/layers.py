@@ -15,15 +15,21 @@
       averaging every update would give.
 
 Models receive either through gin (`norm_layer = @engine.cross_replica_batch_norm`),
-never by import.
+never by import. Both take their momentum and epsilon from one setting,
+`engine.batch_norm_setting` (the config's recipe): switching norm_layer from one kind
+to the other (as the noise-scale sweep does) changes where the statistics come from
+and nothing else. `replibench plan` states the setting and the kinds the models use.
 """
+
+import contextlib
 
 import gin
 import keras
 import tensorflow as tf
 
+from replibench import inputs, internals
 from replibench.engine import collectives
-from replibench import internals
+from replibench.errors import UserError
 
 _MOVING = ("moving_mean", "moving_variance")
 
@@ -93,15 +99,55 @@ class PerReplicaBatchNorm(keras.layers.BatchNormalization):
     return tf.cast(outputs, self.compute_dtype)
 
 
+@gin.configurable(module="engine")
+def batch_norm_setting(momentum: float = 0.99, epsilon: float = 1e-3) -> dict:
+  """The momentum of the moving statistics and the epsilon of every batch norm the
+  engine makes, cross-replica or per-replica (defaults: Keras')."""
+  inputs.number("engine.batch_norm_setting.momentum", momentum, 0, 1, high_open=True)
+  inputs.number("engine.batch_norm_setting.epsilon", epsilon, 0, low_open=True)
+  return {"momentum": momentum, "epsilon": epsilon}
+
+
+_MADE: list = []   # A stack of sets: the kinds made inside recording() blocks.
+
+
+@contextlib.contextmanager
+def recording():
+  """Inside, the kinds of batch norm the factories make are added to the set yielded."""
+  made = set()
+  _MADE.append(made)
+  try:
+    yield made
+  finally:
+    _MADE.remove(made)
+
+
+def _made(kind: str, cls, kwargs):
+  """cls(**kwargs) with the engine's one momentum and epsilon (a binding of either on
+  a factory would give one kind its own recipe: refused)."""
+  own = sorted(k for k in ("momentum", "epsilon") if k in kwargs)
+  if own:
+    raise UserError(
+        f"engine.{kind}.{own[0]} = {inputs.shown(kwargs[own[0]])}: batch norm's momentum and "
+        f"epsilon are one setting for the cross-replica and per-replica kinds, so that "
+        f"switching norm_layer keeps the recipe; bind engine.batch_norm_setting.{own[0]} "
+        f"instead.")
+  for made in _MADE:
+    made.add(kind)
+  return cls(**batch_norm_setting(), **kwargs)
+
+
 # gin's class decorator hides __init__'s signature from Keras's Layer.__new__,
 # so configs reference these factories instead of the classes.
 @gin.configurable(module="engine")
 def cross_replica_batch_norm(**kwargs) -> CrossReplicaBatchNorm:
-  """Factory for models' `norm_layer` argument: CrossReplicaBatchNorm(**kwargs)."""
-  return CrossReplicaBatchNorm(**kwargs)
+  """Factory for models' `norm_layer` argument: CrossReplicaBatchNorm(**kwargs), with
+  engine.batch_norm_setting's momentum and epsilon."""
+  return _made("cross_replica_batch_norm", CrossReplicaBatchNorm, kwargs)
 
 
 @gin.configurable(module="engine")
 def per_replica_batch_norm(**kwargs) -> PerReplicaBatchNorm:
-  """Factory for models' `norm_layer` argument: PerReplicaBatchNorm(**kwargs)."""
-  return PerReplicaBatchNorm(**kwargs)
+  """Factory for models' `norm_layer` argument: PerReplicaBatchNorm(**kwargs), with
+  engine.batch_norm_setting's momentum and epsilon."""
+  return _made("per_replica_batch_norm", PerReplicaBatchNorm, kwargs)

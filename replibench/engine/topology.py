@@ -14,6 +14,7 @@ import tensorflow as tf
 from replibench import internals
 from replibench.engine import cluster, devices
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 class Topology:
@@ -53,7 +54,7 @@ class Local(Topology):
 
   def __post_init__(self):
     if not isinstance(self.num_replicas, int) or self.num_replicas < 1:
-      raise UserError(f"Local(num_replicas={self.num_replicas!r}): need a positive integer.")
+      raise UserError(f"Local(num_replicas={shown(self.num_replicas)}): need a positive integer.")
 
   def describe_devices(self) -> str:
     kind = devices.resolve_kind(self.num_replicas, self.device)
@@ -145,7 +146,7 @@ class Tpu(Topology):
       tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as e:
       raise UserError(
-          f"topology.Tpu(address={self.address!r}) found no TPU on this machine ({e}). "
+          f"topology.Tpu(address={shown(self.address)}) found no TPU on this machine ({e}). "
           f"`replibench plan` works without one; to run, use a TPU VM or a Local topology."
       ) from None
     strategy = tf.distribute.TPUStrategy(resolver)

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 
-from replibench import errors, processes
+from replibench import errors, processes, rates
 from replibench.engine import cluster as cluster_lib
 from replibench.harness import netns
 
@@ -91,6 +91,7 @@ class _Task:
   cores: set | None = None   # Pinned cores (worker tasks with --cpus_per_worker).
   proc: subprocess.Popen | None = None
   restarts: int = 0
+  wire_base: int = 0   # The link's byte count when the cluster (re)started.
 
   @property
   def name(self) -> str:
@@ -98,7 +99,8 @@ class _Task:
 
   def start(self) -> None:
     env = dict(os.environ, **{cluster_lib.ENV: cluster_lib.to_env(self.cluster, self.job,
-                                                                   self.index)})
+                                                                   self.index),
+                              netns.BASE_ENV: str(self.wire_base)})
     env.pop("REPLIBENCH_CPU_DEVICES", None)   # One CPU replica per worker process.
     self.proc = processes.popen(
         [sys.executable, "-m", "replibench.cli", *self.args], env=env, stdout=subprocess.PIPE,
@@ -177,7 +179,7 @@ def launch(workers: int, args: list[str], cpus_per_worker: int = 0,
   (and waits for it); inside, it sets the loopback up, limits its rate and runs the
   cluster.
   """
-  netns.check_rate(network)
+  rates.check("--network", network)
   if not netns.inside():
     return _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, network)
   netns.bring_up_loopback()
@@ -194,7 +196,15 @@ def _relaunch_in_namespace(workers, args, cpus_per_worker, timeout_s, ps, networ
   env = dict(os.environ, **{netns.ENV: network})
   inner = processes.popen(netns.unshare_command(command), env=env)
   with processes.forwarding_signals(lambda: [inner]):
-    return inner.wait()
+    return processes.exit_status(inner.wait())
+
+
+def _start_all(tasks) -> None:
+  """(Re)starts the cluster's tasks, telling them the link's byte count now."""
+  base = netns.loopback_bytes()
+  for task in tasks:
+    task.wire_base = base
+    task.start()
 
 
 def _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, network) -> int:
@@ -206,19 +216,17 @@ def _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, ne
   start, cluster_restarts = time.monotonic(), 0
   try:
     with processes.forwarding_signals(lambda: [], processes.raise_terminated):
-      for task in tasks:
-        task.start()
+      _start_all(tasks)
       while True:
         outcome = (_asynchronous_outcome(tasks, max_restarts, cluster_restarts) if ps
                    else _synchronous_outcome(tasks))
         if outcome == _RESTART_CLUSTER:
           cluster_restarts += 1
           _stop(tasks)
-          for task in tasks:
-            task.start()
+          _start_all(tasks)
           continue
         if outcome is not None:
-          return outcome
+          return processes.exit_status(outcome)
         if timeout_s and time.monotonic() - start > timeout_s:
           _log(f"timed out after {timeout_s:.0f} s; stopping the cluster.")
           return 124
@@ -231,3 +239,6 @@ def _run_cluster(workers, args, cpus_per_worker, timeout_s, ps, max_restarts, ne
     for task in tasks:
       if task.proc is not None:
         task.proc.wait()
+    _log(f"the cluster's link carried {netns.loopback_bytes():,} bytes in all "
+         f"(result.json's network record: init_bytes, then bytes_on_wire; the rest is "
+         f"the tasks' shutdown).")

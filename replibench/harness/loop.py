@@ -22,7 +22,7 @@ from replibench import engine, results
 from replibench.config.experiment import Experiment
 from replibench.engine import ps
 from replibench.engine.measure import noise_scale
-from replibench.harness import netns, outcome, progress, provenance, wire
+from replibench.harness import netns, outcome, progress, provenance, throughput, wire
 from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
@@ -46,6 +46,12 @@ class _Run:
     self.init_start += time.monotonic() - calibration_start
     experiment.check_models()   # The same model check as `plan`, once the devices exist.
     self.chief = role.is_chief
+    # Synthetic data: no target, never evaluated; the plan's FLOPs (not part of init).
+    self.synthetic = self.workload.synthetic_data
+    flops_start = time.monotonic()
+    self.flops_per_example = (throughput.train_flops_per_example(self.workload, self.spec)
+                              if self.synthetic else None)
+    self.init_start += time.monotonic() - flops_start
     self.limit = min(self.spec.total_steps, max_steps or self.spec.total_steps)
     self.mllog = MLPerfLog(workdir, enabled=self.chief)   # Buffered until init succeeds.
     self.mllog.start(MLC.INIT_START)
@@ -127,6 +133,11 @@ class _Run:
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
                              "first_call_s": meter.first_call_s,
                              "calibration": self.calibration}
+    if self.synthetic:
+      self.state.throughput["record"] = throughput.record(
+          meter.examples_per_s(), self.spec.global_batch_size, self.spec.num_replicas,
+          self.replicator.num_workers, throughput.replica_devices(self.replicator),
+          self.flops_per_example, self.calibration)
     if status != results.BUDGET_EXHAUSTED or int(self.step.numpy()) >= self.spec.total_steps:
       self.state.status, self.state.reached_at = status, reached_at   # Final: in the checkpoint.
     self.save()
@@ -152,7 +163,7 @@ class _Run:
         return results.DIVERGED, None
       if step % exp.log_every_steps < steps_per_call:
         self._log_train(step, outputs, meter, elapsed())
-      if step % exp.eval_every_steps == 0 or step >= self.limit:
+      if not self.synthetic and (step % exp.eval_every_steps == 0 or step >= self.limit):
         self.mllog.block_stop(self._samples())
         with self.wire.counted_apart("eval"):
           value = self._evaluate(step, elapsed)
@@ -221,7 +232,7 @@ class _Run:
   def facts(self) -> outcome.RunFacts:
     """This session's facts, for outcome.make_result (read at the session's end)."""
     exp, spec, state, workload = self.experiment, self.spec, self.state, self.workload
-    throughput = state.throughput or {}
+    measured = state.throughput or {}   # This session's throughput (RunState).
     meter = getattr(self, "wire", None)   # None: the checkpoint held a finished run.
     return outcome.RunFacts(
         workload=workload.name, target_metric=workload.target_metric,
@@ -240,10 +251,11 @@ class _Run:
         at_target=state.at_target, reached_at=state.reached_at,
         regime_means=state.regime_means(),
         eval_s=state.eval_time[0] / state.eval_time[1] if state.eval_time[1] else None,
-        sessions=state.sessions, examples_per_s=throughput.get("examples_per_s"),
-        first_call_s=throughput.get("first_call_s"), communication=self.communication,
+        sessions=state.sessions, examples_per_s=measured.get("examples_per_s"),
+        first_call_s=measured.get("first_call_s"), communication=self.communication,
         network=self._network(meter) if meter is not None else None,
-        machine=results.Machine(**provenance.machine(throughput.get("calibration"))))
+        machine=results.Machine(**provenance.machine(measured.get("calibration"))),
+        throughput=results.Throughput.of(measured["record"]) if "record" in measured else None)
 
   def _network(self, meter: wire.WireMeter) -> results.Network | None:
     """Bytes the cluster put on its wire this session, beside what the account predicts."""

@@ -25,6 +25,9 @@ from replibench import rates
 from replibench.errors import UserError
 
 ENV = "REPLIBENCH_NETWORK"   # Set inside the namespace: the rate ('none' = unlimited).
+# Set for a cluster's tasks: the loopback's byte counter when the launcher started them
+# (a fresh namespace's is 0; a restarted cluster's counts the earlier ones' traffic).
+BASE_ENV = "REPLIBENCH_WIRE_BASE"
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
 
@@ -35,14 +38,6 @@ def inside() -> bool:
 
 def rate() -> str | None:
   return os.environ.get(ENV)
-
-
-def check_rate(value: str) -> str:
-  """The rate, validated ('none', or tc's units: 100mbit, 1gbit, 10gbit, 512kbit...)."""
-  if not rates.is_rate(value):
-    raise UserError(f"--network={value!r}: give 'none' (unlimited) or a rate in tc's units, "
-                    f"e.g. 10gbit, 1gbit, 100mbit, 512kbit.")
-  return value
 
 
 def unshare_command(command: list[str]) -> list[str]:
@@ -103,6 +98,12 @@ def limit_rate(value: str) -> None:
   if done.returncode:
     raise UserError(f"--network={value}: tc could not rate-limit the namespace's loopback "
                     f"({done.stderr.strip()}).")
+
+
+def cluster_start_bytes() -> int:
+  """The loopback's counter when the launcher started this task's cluster (0 outside)."""
+  value = os.environ.get(BASE_ENV, "0")
+  return int(value) if value.isdigit() else 0
 
 
 def loopback_bytes() -> int:

@@ -51,6 +51,7 @@ class RunFacts:
   communication: dict | None    # The step's communication account (BaseStep.communication).
   network: results.Network | None
   machine: results.Machine
+  throughput: results.Throughput | None   # On synthetic data only.
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -72,7 +73,7 @@ def make_result(facts: RunFacts, status: str) -> results.RunResult:
       noise_scale=noise_record(facts.regime_means, facts.per_replica_batch_size,
                                facts.global_batch_size, facts.communication),
       resumed=max(0, len(facts.sessions) - 1), operative_config=facts.operative_config,
-      machine=facts.machine, **_described(facts))
+      machine=facts.machine, throughput=facts.throughput, **_described(facts))
 
 
 def failed_result(facts: RunFacts, error: Exception) -> results.RunResult:

@@ -123,7 +123,7 @@ def _accelerators() -> list[str]:
           for d in tf.config.list_physical_devices() if d.device_type != "CPU"]
 
 
-def _accelerator_peak_memory() -> dict:
+def accelerator_peak_memory() -> dict:
   """{logical GPU name: the most bytes TensorFlow's allocator held on it so far}."""
   return {d.name: tf.config.experimental.get_memory_info(d.name.split("device:")[-1])["peak"]
           for d in tf.config.list_logical_devices("GPU")}
@@ -136,7 +136,7 @@ def machine(calibration: dict | None = None) -> dict:
   they move CPU step times by up to 2x)."""
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
           "isa_flags": isa_flags(), "accelerators": _accelerators(),
-          "accelerator_peak_memory_bytes": _accelerator_peak_memory(),
+          "accelerator_peak_memory_bytes": accelerator_peak_memory(),
           "calibration": calibration, "malloc": allocator.describe()}
 
 

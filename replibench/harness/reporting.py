@@ -2,7 +2,8 @@
 
 TensorBoard: scalars against the global step (its relative-time axis gives the
 time-to-accuracy view), the operative gin config as text, and an HParams
-session whose metrics are `hparams/time_to_target_s` and `hparams/final_metric`.
+session whose metrics are `hparams/time_to_target_s` and `hparams/final_metric`,
+in the session group of its configuration (every seed of it).
 
 MLPerf: `:::MLLOG` lines through the mlperf-logging package, one complete log
 per session (init_start .. run_stop): DIR/mllog.txt for the first, and
@@ -22,6 +23,9 @@ import tensorflow as tf
 from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog import mllog
 from tensorboard.plugins.hparams import api as hp
+
+from replibench import results
+from replibench.harness import throughput
 
 MLC = mlc
 HPARAM_METRICS = ("hparams/time_to_target_s", "hparams/final_metric")
@@ -53,7 +57,10 @@ class Summaries:
   def outcome(self, result) -> None:
     """The run's HParams session, time to target and operative config (a RunResult)."""
     with self.writer.as_default(step=0):
-      hp.hparams(result.hparams, trial_id=os.path.basename(os.path.abspath(self.logdir)))
+      # The session's group is its configuration (no trial_id: TensorBoard names the
+      # group by a hash of these hparams), so the seeds of one configuration are one
+      # row of the HParams table; the seed is the session's (its run's) own.
+      hp.hparams(results.configuration(result.hparams))
     metrics = {"hparams/final_metric": result.final_metric
                if result.final_metric is not None else float("nan")}
     if result.time_to_target_s is not None:
@@ -62,6 +69,9 @@ class Summaries:
     for key in ("bytes_on_wire_per_step", "expected_bytes_per_step"):
       if (result.network or {}).get(key) is not None:
         metrics[f"network/{key}"] = result.network[key]
+    if result.throughput:   # Synthetic data: no time to target, and the summary says why.
+      metrics.update(throughput.summary_scalars(result.throughput))
+      self.text("time_to_target", result.throughput["time_to_target"])
     self.scalars(result.final_step, metrics)
     self.text("operative_config", operative_config_markdown(result.operative_config))
 

@@ -13,6 +13,7 @@ import fcntl
 import os
 import shutil
 
+from replibench import inputs
 from replibench.errors import UserError
 
 LOCK_FILE = ".lock"
@@ -20,20 +21,7 @@ LOCK_FILE = ".lock"
 
 def check(workdir: str) -> None:
   """UserError if workdir cannot be a run directory (a file, or not writable)."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise UserError(f"--workdir={workdir} is a file, not a directory.")
-  parent = workdir if os.path.isdir(workdir) else _existing_parent(workdir)
-  if not os.access(parent, os.W_OK | os.X_OK):
-    raise UserError(f"--workdir={workdir}: {parent} is not writable by this user.")
-
-
-def _existing_parent(path: str) -> str:
-  path = os.path.abspath(path)
-  while not os.path.exists(path):
-    path = os.path.dirname(path)
-  if not os.path.isdir(path):
-    raise UserError(f"--workdir: {path} is a file, so no directory can be made below it.")
-  return path
+  inputs.output_directory("--workdir", workdir)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ import os
 
 from replibench.config import gin_loader, load_experiment
 from replibench.config.plan import make_plan
+from replibench import inputs
 from replibench.errors import UserError
 from replibench.predict import predictor
 from replibench.predict.hardware import DeviceProfile   # Registers predict.DeviceProfile with gin.
@@ -20,18 +21,18 @@ def predict_command(gin_files: list[str], bindings: list[str], device_profile: s
     raise UserError("predict: --device_profile is required (a gin file binding "
                     "predict.DeviceProfile, e.g. configs/devices/tpu_v3_32.gin).")
   for flag, path in (("--device_profile", device_profile), ("--topology", topology)):
-    if path and not os.path.isfile(path):
-      raise UserError(f"{flag}={path}: no such file.")
-  if workers is not None and workers < 1:
-    raise UserError(f"--workers={workers}: need at least one worker.")
+    if path:
+      inputs.input_file(flag, path)
+  if workers is not None:
+    inputs.number("--workers", workers, 1, integer=True, meaning="hosts of the profile's devices")
   experiment = load_experiment(list(gin_files) + ([topology] if topology else [])
                                + [device_profile], bindings)
   profile = _profile(device_profile)
+  fit = predictor.load_efficiency(
+      efficiency or os.path.join(EFFICIENCY_DIR, f"{experiment.workload.name}.json"))
   plan = make_plan(experiment)
   replicas = workers * profile.devices_per_host if workers else plan["num_replicas"]
-  path = efficiency or os.path.join(EFFICIENCY_DIR, f"{plan['workload']}.json")
-  result = predictor.predict(predictor.Question(plan, profile, replicas, network),
-                             predictor.load_efficiency(path))
+  result = predictor.predict(predictor.Question(plan, profile, replicas, network), fit)
   return json.dumps(result, indent=1) if as_json else format_prediction(result)
 
 
@@ -48,7 +49,8 @@ def format_prediction(p: dict) -> str:
   """Aligned lines: seconds per step and its parts, steps, time, critical batch."""
   rows = [
       ("workload", p["workload"]), ("device", p["device"]),
-      ("replicas", f"{p['num_replicas']} on {p['hosts']} host(s), network {p['network']}"),
+      ("replicas", f"{p['num_replicas']} on {p['hosts']} host(s), network {p['network']}"
+                   + (f" ({p['network_note']})" if p.get("network_note") else "")),
       ("global batch", f"{p['global_batch_size']} ({p['per_replica_batch_size']} per replica)"),
       ("seconds per step", f"{p['step_s']:.4g} (compute {p['compute_s']:.4g}, "
                            f"communication {p['comm_s']:.4g})"),
@@ -97,5 +99,8 @@ def _critical_batch_line(p: dict) -> str:
             f"largest batch the source reports)")
   else:
     line = f"{p['critical_batch']:.0f} {_interval(p['critical_batch_interval'], '{:.0f}')}"
-  return line + (f"; noise scale B_simple {p['noise_scale_b_simple']:.0f}"
-                 if p["noise_scale_b_simple"] else "")
+  if not p["noise_scale_b_simple"]:
+    return line
+  caveat = p.get("noise_scale_caveat")
+  return (line + f"; noise scale B_simple {p['noise_scale_b_simple']:.0f}"
+          + (f" ({caveat})" if caveat else ""))

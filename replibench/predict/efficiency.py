@@ -21,6 +21,7 @@ import os
 import numpy as np
 from scipy import stats
 
+from replibench import inputs
 from replibench.errors import UserError
 
 LEVEL = 0.9   # Two-sided level of every interval reported.
@@ -123,20 +124,94 @@ class PublishedRecipe:
 
 def load(path: str) -> dict:
   """An efficiency file (JSON: workload, target, and a sweep's `fit` or a `published`
-  recipe); UserError naming it."""
+  recipe); UserError naming it, and the field at fault, if it is not one."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such statistical-efficiency file. Make one from a batch-size "
                     f"sweep: python benchmarks/statistical_efficiency.py SWEEP_DIR --out={path}")
+  inputs.input_file("--efficiency", path)
   try:
     with open(path, encoding="utf-8") as f:
       data = json.load(f)
-    if "published" in data:
-      fit = PublishedRecipe(**{**data["published"], "batches": tuple(data["published"]["batches"])})
-    else:
-      fit = StepsFit(**{**data["fit"], "cov": tuple(map(tuple, data["fit"]["cov"])),
-                        "batches": tuple(data["fit"]["batches"])})
-  except (OSError, ValueError, KeyError, TypeError) as e:
+  except (OSError, ValueError) as e:
     raise UserError(f"{path}: not a statistical-efficiency file ({type(e).__name__}: {e}); "
-                    f"it needs 'workload', 'target' and either 'fit' (s_min, b_crit, cov, dof, "
-                    f"batches) or 'published' (epochs, train_examples, batches, source).") from e
+                    f"{_SHAPE}") from None
+  if not isinstance(data, dict) or not ("fit" in data or "published" in data):
+    raise UserError(f"{path}: not a statistical-efficiency file; {_SHAPE}")
+  _check_fields(path, data)
+  if "published" in data:
+    fit = PublishedRecipe(**{**data["published"], "batches": tuple(data["published"]["batches"])})
+  else:
+    fit = StepsFit(**{**data["fit"], "cov": tuple(map(tuple, data["fit"]["cov"])),
+                      "batches": tuple(data["fit"]["batches"])})
   return {**data, "fit": fit}
+
+
+_SHAPE = ("it needs 'workload', 'target' and either 'fit' (s_min, b_crit, cov, dof, batches) "
+          "or 'published' (epochs, train_examples, batches, source).")
+
+
+def _check_fields(path: str, data: dict) -> None:
+  """Every field an efficiency file's reader uses, of its type and in its range, each
+  named as '<file>: <key>' (a wrong type fails here, not in the middle of a prediction)."""
+  def number(key, value, *args, **kwargs):
+    return inputs.number(f"{path}: {key}", value, *args, **kwargs)
+
+  def strings(key, value):
+    if not isinstance(value, str):
+      raise UserError(f"{inputs.binding(f'{path}: {key}', value)}: must be a string.")
+
+  def batches(key, value):
+    if not isinstance(value, list) or not value:
+      raise UserError(f"{inputs.binding(f'{path}: {key}', value)}: must be a non-empty list "
+                      f"of global batch sizes.")
+    for i, batch in enumerate(value):
+      number(f"{key}[{i}]", batch, 0, low_open=True)
+
+  strings("workload", data.get("workload"))
+  number("target", data.get("target"))
+  for key in ("eval_s", "eval_achieved_flops"):
+    if data.get(key) is not None:
+      number(key, data[key], 0)
+  if "higher_is_better" in data and not isinstance(data["higher_is_better"], bool):
+    raise UserError(f"{inputs.binding(f'{path}: higher_is_better', data['higher_is_better'])}"
+                    f": must be true or false.")
+  noise = data.get("noise_scale")
+  if noise is not None and (not isinstance(noise, dict) or noise.get("b_simple") is not None
+                            and not isinstance(noise.get("b_simple"), (int, float))
+                            or not isinstance(noise.get("caveat", ""), str)):
+    raise UserError(f"{path}: noise_scale must be an object whose b_simple is a number or "
+                    f"null (and caveat, if any, a string), got {inputs.shown(noise)}.")
+  if "published" in data:
+    recipe = data["published"]
+    if not isinstance(recipe, dict):
+      raise UserError(f"{inputs.binding(f'{path}: published', recipe)}: must be an object; "
+                      f"{_SHAPE}")
+    number("published.epochs", recipe.get("epochs"), 0, low_open=True)
+    number("published.train_examples", recipe.get("train_examples"), 1, integer=True)
+    batches("published.batches", recipe.get("batches"))
+    strings("published.source", recipe.get("source"))
+    _no_unknown(path, "published", recipe, PublishedRecipe)
+    return
+  fit = data["fit"]
+  if not isinstance(fit, dict):
+    raise UserError(f"{inputs.binding(f'{path}: fit', fit)}: must be an object; {_SHAPE}")
+  number("fit.s_min", fit.get("s_min"))
+  number("fit.b_crit", fit.get("b_crit"))
+  number("fit.dof", fit.get("dof"), 0, integer=True)
+  number("fit.relative_sd", fit.get("relative_sd", 0.0), 0)
+  batches("fit.batches", fit.get("batches"))
+  cov = fit.get("cov")
+  if not (isinstance(cov, list) and len(cov) == 2 and all(
+      isinstance(row, list) and len(row) == 2 for row in cov)):
+    raise UserError(f"{inputs.binding(f'{path}: fit.cov', cov)}: must be the 2 x 2 "
+                    f"covariance of (S_min, S_min B_crit), [[a, b], [b, c]].")
+  for i, row in enumerate(cov):
+    for j, value in enumerate(row):
+      number(f"fit.cov[{i}][{j}]", value)
+  _no_unknown(path, "fit", fit, StepsFit)
+
+
+def _no_unknown(path: str, key: str, fields: dict, cls) -> None:
+  unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
+  if unknown:
+    raise UserError(f"{path}: {key} has unknown field(s) {', '.join(sorted(unknown))}; {_SHAPE}")

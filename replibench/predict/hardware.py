@@ -30,6 +30,7 @@ import math
 
 import gin
 
+from replibench import inputs
 from replibench.errors import UserError
 
 
@@ -53,10 +54,26 @@ class DeviceProfile:
   shared_cores: int = 0                     # > 0: devices share this many cores.
 
   def __post_init__(self):
-    for field in ("peak_flops", "achieved_fraction", "devices_per_host"):
-      if not getattr(self, field) > 0:
-        raise UserError(f"predict.DeviceProfile.{field} = {getattr(self, field)!r} in profile "
-                        f"{self.name!r}: must be positive.")
+    """Every field in its range, each named as its binding: a zero bandwidth would
+    divide by zero, a fraction above 1 claim more than the device's peak."""
+    check = lambda field, *args, **kwargs: inputs.number(  # noqa: E731
+        f"predict.DeviceProfile.{field}", getattr(self, field), *args, **kwargs)
+    if not isinstance(self.name, str) or not self.name:
+      raise UserError(f"{inputs.binding('predict.DeviceProfile.name', self.name)}: must be a "
+                      f"non-empty string (the device, e.g. 'NVIDIA V100 SXM2').")
+    check("peak_flops", 0, low_open=True, meaning="FLOP/s")
+    check("achieved_fraction", 0, 1, low_open=True, meaning="of the peak")
+    for field in ("overhead_s", "intra_host_latency_s", "inter_host_latency_s"):
+      check(field, 0, meaning="seconds")
+    for field in ("memory_bytes", "link_burst_bytes"):
+      check(field, 0, meaning="bytes; 0 for none")
+    for field in ("intra_host_bytes_per_s", "inter_host_bytes_per_s"):
+      check(field, 0, low_open=True, finite=False, meaning="bytes/s; inf for no limit")
+    check("devices_per_host", 1, integer=True)
+    check("shared_cores", 0, integer=True, meaning="0 when the devices do not share cores")
+    if not isinstance(self.shared_link, bool):
+      raise UserError(f"{inputs.binding('predict.DeviceProfile.shared_link', self.shared_link)}"
+                      f": must be True or False.")
 
   @property
   def achieved_flops(self) -> float:

@@ -30,11 +30,8 @@ def with_network(profile: DeviceProfile, network: str) -> DeviceProfile:
   """profile with its host link at rate `network` (tc units, e.g. 100mbit), or the
   profile's own link where that is slower. A shared link is `replibench launch
   --network`'s emulation: a token bucket of rates.token_bucket_bytes(network)."""
-  if network in (None, "", "none"):
+  if rates.check("--network", network or "none") == "none":
     return profile
-  if not rates.is_rate(network):
-    raise UserError(f"--network={network}: not a rate; use tc's units (10gbit, 1gbit, "
-                    f"100mbit) or 'none'.")
   return dataclasses.replace(
       profile,
       inter_host_bytes_per_s=min(rates.bits_per_second(network) / 8,
@@ -64,6 +61,7 @@ def predict(question: Question, efficiency: dict) -> dict:
   return {
       "workload": plan["workload"], "device": profile.name, "num_replicas": n,
       "hosts": -(-n // profile.devices_per_host), "network": question.network,
+      "network_note": _network_note(question),
       "global_batch_size": batch, "per_replica_batch_size": batch // n,
       "step_s": step.step_s, "compute_s": step.compute_s, "comm_s": step.comm_s,
       "steps_to_target": steps, "steps_interval": [steps_low, steps_high], "steps_bound": bound,
@@ -75,9 +73,24 @@ def predict(question: Question, efficiency: dict) -> dict:
       "critical_batch": fit.b_crit, "critical_batch_interval": [b_low, b_high],
       "steps_source": (efficiency.get("published") or {}).get("source") or efficiency.get("source"),
       "noise_scale_b_simple": (efficiency.get("noise_scale") or {}).get("b_simple"),
+      "noise_scale_caveat": (efficiency.get("noise_scale") or {}).get("caveat"),
       "memory_ok": _fits_memory(plan, profile),
       "target": plan["target"], "target_metric": plan["target_metric"],
   }
+
+
+def _network_note(question: Question) -> str | None:
+  """Why --network does not change this prediction (None where it sets the link)."""
+  profile, network = question.profile, question.network
+  if network in (None, "", "none"):
+    return None
+  if question.num_replicas <= profile.devices_per_host and not profile.shared_link:
+    return (f"not applied: the {question.num_replicas} replica(s) share one host of "
+            f"{profile.devices_per_host} devices, so no traffic crosses a host link")
+  if rates.bits_per_second(network) / 8 > profile.inter_host_bytes_per_s:
+    return (f"not applied: the profile's own host link, "
+            f"{profile.inter_host_bytes_per_s * 8 / 1e9:g} Gbit/s, is slower and limits")
+  return None
 
 
 def _steps_bound(plan: dict, efficiency: dict) -> str:

@@ -29,6 +29,7 @@ from dm_env import specs  # noqa: E402
 import gin  # noqa: E402
 import numpy as np  # noqa: E402
 
+from replibench import inputs  # noqa: E402
 from replibench.errors import UserError  # noqa: E402
 
 _NO_RENDERER = ("off", "disable", "disabled", "false", "0")  # dm_control's spellings.
@@ -51,6 +52,17 @@ class EnvConfig:
   image_size: int = 84
   camera_id: int = 0
   time_limit: float | None = None
+
+  def __post_init__(self):
+    check = lambda key, *a, **k: inputs.number(  # noqa: E731
+        f"EnvConfig.{key}", getattr(self, key), *a, **k)
+    check("action_repeat", 1, integer=True, meaning="env steps per agent step")
+    check("frame_stack", 1, integer=True)
+    check("image_size", 8, 1024, integer=True, meaning="pixels a side")
+    check("camera_id", 0, integer=True)
+    if self.time_limit is not None:
+      check("time_limit", 0, low_open=True, meaning="seconds of simulated time; None: the "
+                                                    "task's own")
 
 
 def task_names() -> list[str]:

@@ -20,6 +20,8 @@ from typing import Mapping, NamedTuple
 import gin
 import numpy as np
 
+from replibench import inputs
+
 
 class Sample(NamedTuple):
   """A sampled batch: data fields [B, ...], keys int64 [B], importance weights float32 [B]."""
@@ -64,8 +66,11 @@ class UniformReplay:
   def __init__(self, capacity: int, min_size: int = 1,
                samples_per_insert: float | None = None, tolerance: float | None = None,
                seed: int = 0):
-    if capacity < 1 or min_size > capacity:
-      raise ValueError(f"Need 1 <= min_size <= capacity; got {min_size}, {capacity}.")
+    inputs.number("UniformReplay.capacity", capacity, 1, integer=True, meaning="transitions")
+    inputs.number("UniformReplay.min_size", min_size, 1, capacity, integer=True,
+                  meaning="at most UniformReplay.capacity")
+    if samples_per_insert is not None:
+      inputs.number("UniformReplay.samples_per_insert", samples_per_insert, 0, low_open=True)
     self.capacity = capacity
     self.limiter = RateLimiter(min_size, samples_per_insert, tolerance)
     self._rng = np.random.default_rng(seed)

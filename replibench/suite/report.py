@@ -18,7 +18,7 @@ from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench import atomic
 from replibench.suite import results
-from replibench.results import RunResult
+from replibench.results import RunResult, configuration
 from replibench.suite.aggregate import ConfigRow, Stats
 
 REPORT_JSON = "report.json"
@@ -109,7 +109,7 @@ def _seed_warnings(found: list[tuple[str, RunResult]]) -> list[str]:
 def _row(name: str, trials: list[tuple[str, RunResult]]) -> ConfigRow:
   first = trials[0][1]
   seeds = sorted((aggregate.seed_run(t, r) for t, r in trials), key=lambda s: s.seed)
-  hparams = {k: v for k, v in first.hparams.items() if k != "seed"}
+  hparams = configuration(first.hparams)
   row = ConfigRow(
       config=name, scaling_kind=first.scaling_kind, topology=first.topology,
       num_replicas=first.num_replicas, num_workers=first.num_workers,
@@ -222,10 +222,11 @@ def _notes(report: Report) -> list[str]:
            f"{'>=' if report.higher_is_better else '<='} {report.target}; olympic mean "
            f"(drop fastest and slowest) with >= {aggregate.OLYMPIC_MIN_SEEDS} converged seeds, "
            f"mean ± std otherwise.",
-           "* Not every seed reached the target: time, steps and epochs are over the "
-           "converged seeds only.",
            "Efficiency = examples/s at N replicas / (N x examples/s of the 1-replica "
            "configuration of the same scaling kind); speed-up = its time to target / this one's."]
+  if any(c.converged != c.n for c in report.configs):   # The rows marked * in the table.
+    notes.insert(1, "* Not every seed reached the target: time, steps and epochs are over "
+                    "the converged seeds only.")
   if _has_bytes(report):
     notes.append("bytes/step: what the training regime sends per replica and step "
                  "(regime/bytes_communicated, averaged over the run); compressed formats are "

@@ -93,7 +93,7 @@ def subprocess_runner(trial: Trial, trial_dir: str, python: str | None = None,
     proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
     try:
       with processes.forwarding_signals(lambda: [proc], processes.raise_terminated):
-        return proc.wait()
+        return processes.exit_status(proc.wait())
     except processes.Terminated:
       try:
         proc.wait(timeout=TERM_GRACE_S)

@@ -45,7 +45,7 @@ import re
 import tomllib
 from typing import Any, Sequence
 
-from replibench import rates
+from replibench import inputs, rates
 from replibench.errors import UserError
 from replibench.suite import aggregate
 
@@ -149,7 +149,8 @@ def _gin_paths(path: str, key: str, value: Any) -> tuple[str, ...]:
   for name in _string_list(path, key, value):
     full = os.path.normpath(os.path.join(base, name))
     if not os.path.isfile(full):
-      raise _fail(path, key, f"names gin file {name!r}, which does not exist "
+      what = "is a directory, not a gin file" if os.path.isdir(full) else "does not exist"
+      raise _fail(path, key, f"names gin file {name!r}, which {what} "
                   f"(looked for {full}; paths are relative to the sweep file).")
     files.append(full)
   return tuple(files)
@@ -220,9 +221,8 @@ def _zipped_point(path: str, where: str, point: Any) -> Point:
   if launch is not None:   # One source of truth: the launch's count, checked by each run.
     bindings = (*bindings, f"{_WORKERS_BINDING} = {launch.workers}")
   network = point.get("network")
-  if network is not None and not rates.is_rate(network):
-    raise _fail(path, f"{where}.network", f"must be 'none' or a rate in tc's units "
-                f"(10gbit, 1gbit, 100mbit...), got {network!r}.")
+  if network is not None:
+    rates.check(f"Sweep file {path}: key '{where}.network'", network)
   return Point(
       label=_label(path, f"{where}.label", point["label"]),
       gin_files=_gin_paths(path, f"{where}.gin_files", point.get("gin_files", [])),
@@ -327,8 +327,7 @@ def expand(sweep: Sweep, extra_gin_files: Sequence[str] = (),
   to shrink every trial), then the seed.
   """
   for f in extra_gin_files:
-    if not os.path.isfile(f):
-      raise UserError(f"--gin_file={f}: no such file (extra gin file for sweep {sweep.path}).")
+    inputs.input_file("--gin_file", f)
   seeds = tuple(seeds) if seeds else sweep.seeds
   trials = []
   for seed in seeds:

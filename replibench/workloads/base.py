@@ -6,7 +6,12 @@ import tensorflow as tf
 
 from replibench.engine import BaseReplicator, InputContext, TrainSpec
 
-__all__ = ["TrainSpec", "Workload"]   # TrainSpec: the engine's (engine/spec.py).
+__all__ = ["SYNTHETIC_TIME_TO_TARGET", "TrainSpec", "Workload"]   # TrainSpec: engine/spec.py
+
+# What result.json, TensorBoard and the plan say of time to target on synthetic data.
+SYNTHETIC_TIME_TO_TARGET = ("undefined: synthetic data (one batch a replica, generated once "
+                            "and repeated), so the run reports throughput, step time and "
+                            "memory only")
 
 
 class Workload(abc.ABC):
@@ -29,6 +34,13 @@ class Workload(abc.ABC):
   # The MLPerf Training benchmark this workload is a version of (its mllog's
   # submission_benchmark), or None: the log then names the workload.
   mlperf_benchmark: str | None = None
+
+  @property
+  def synthetic_data(self) -> bool:
+    """True when the workload trains on synthetic data (replibench/data/synthetic.py): time
+    to target is undefined, so the harness never evaluates and reports throughput only.
+    Default: the `synthetic` flag of the workload's `data` source, if it has one."""
+    return bool(getattr(getattr(self, "data", None), "synthetic", False))
 
   @abc.abstractmethod
   def examples_per_epoch(self) -> int:

@@ -15,7 +15,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from replibench import engine
+from replibench import engine, errors, inputs
 from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.workloads import precision
@@ -36,6 +36,14 @@ class ImageClassification(Workload):
                base_lr_per_256: float = 0.1, warmup_epochs: float = 1.0,
                momentum: float = 0.9, nesterov: bool = True, label_smoothing: float = 0.1,
                weight_decay: float = 5e-5, eval_batch_size: int = 1000):
+    check = lambda key, value, *a, **k: inputs.number(  # noqa: E731
+        f"ImageClassification.{key}", value, *a, **k)
+    check("base_lr_per_256", base_lr_per_256, 0, low_open=True)
+    check("warmup_epochs", warmup_epochs, 0, meaning="epochs")
+    check("momentum", momentum, 0, 1, high_open=True)
+    check("label_smoothing", label_smoothing, 0, 1, high_open=True)
+    check("weight_decay", weight_decay, 0)
+    check("eval_batch_size", eval_batch_size, 1, integer=True)
     self.name = name
     self.model_fn, self.data = model, data
     self.base_lr_per_256, self.warmup_epochs = base_lr_per_256, warmup_epochs
@@ -58,16 +66,15 @@ class ImageClassification(Workload):
     return keras.optimizers.SGD(schedule, momentum=self.momentum, nesterov=self.nesterov)
 
   def check_config(self, spec: TrainSpec) -> None:
-    name = getattr(self.model_fn, "__name__", "?")
+    name = inputs.shown(self.model_fn)
     try:
       with precision.policy_scope(spec.precision):
         model = self.model_fn(num_classes=self.data.num_classes)
     except (ValueError, TypeError) as e:
-      raise UserError(f"ImageClassification.model ({name}) does not build with these "
-                      f"bindings: {' '.join(str(e).split())}") from None
+      raise errors.build_failure(f"ImageClassification.model = {name}", e) from None
     expected = tuple(model.input_shape[1:])
     if expected != tuple(self.data.image_shape):
-      raise UserError(f"ImageClassification.model ({name}) takes images of shape {expected} "
+      raise UserError(f"ImageClassification.model = {name} takes images of shape {expected} "
                       f"but the data source gives {tuple(self.data.image_shape)}; make the "
                       f"model's input_shape and the data's image size agree.")
 
@@ -115,6 +122,8 @@ class ImageClassification(Workload):
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
   def prepare_evaluation(self, replicator: engine.BaseReplicator) -> None:
+    if self.synthetic_data:
+      return   # Never evaluated: synthetic data has no test split.
     data = replicator.distribute(self.data.eval, self.eval_batch_size)
 
     @tf.function

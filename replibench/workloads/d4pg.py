@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from models import d4pg
-from replibench import engine
+from replibench import engine, errors, inputs
 from replibench.engine import cluster
 from replibench.engine.measure import cost
 from replibench.errors import UserError
@@ -68,7 +68,10 @@ class D4PG(Workload):
   transitions per epoch, i.e. learner steps per epoch times the global batch.
   publish_every_steps: learner steps between policy-weight publications to the
   actors. separate_evaluator: evaluate in the pool's evaluator process (None:
-  only where pixels require it).
+  only where pixels require it). synthetic: a SyntheticTransitions source
+  (replibench/data/synthetic.py) feeds the learner instead of actors and replay:
+  no environment is built or stepped, nothing is evaluated, and the run reports
+  learner throughput only.
   """
 
   target_metric = "eval/return"
@@ -82,17 +85,21 @@ class D4PG(Workload):
                epoch_size: int = 256_000, publish_every_steps: int = 10,
                eval_episodes: int = 5, separate_evaluator: bool | None = None,
                max_restarts: int = 3, sample_timeout_s: float = 300.0,
-               max_messages: int = 4):
+               max_messages: int = 4, synthetic=None):
     self.name = name
     self.env_config = env or envs.EnvConfig()
-    envs.check_task(self.env_config.task)
+    self.synthetic = synthetic
+    if synthetic is None:   # Synthetic transitions build no environment (nor need dm_control).
+      envs.check_task(self.env_config.task)
     self.networks_fn = networks
     self.replay_fn = replay or functools.partial(
         replay_lib.UniformReplay, capacity=1_000_000, min_size=1000, samples_per_insert=32.0)
-    if num_actors < 1 or epoch_size < 1 or publish_every_steps < 1 or eval_episodes < 1:
-      raise UserError(
-          f"D4PG: num_actors ({num_actors}), epoch_size ({epoch_size}), publish_every_steps "
-          f"({publish_every_steps}) and eval_episodes ({eval_episodes}) must be positive.")
+    for key, value in (("num_actors", num_actors), ("epoch_size", epoch_size),
+                       ("publish_every_steps", publish_every_steps),
+                       ("eval_episodes", eval_episodes), ("max_messages", max_messages)):
+      inputs.number(f"D4PG.{key}", value, 1, integer=True)
+    inputs.number("D4PG.max_restarts", max_restarts, 0, integer=True)
+    inputs.number("D4PG.sample_timeout_s", sample_timeout_s, 0, low_open=True, meaning="seconds")
     self.separate_evaluator = (self.env_config.pixels if separate_evaluator is None
                                else separate_evaluator)
     if self.env_config.pixels and not self.separate_evaluator:
@@ -113,7 +120,15 @@ class D4PG(Workload):
   def examples_per_epoch(self) -> int:
     return self.epoch_size
 
+  @property
+  def synthetic_data(self) -> bool:
+    return self.synthetic is not None
+
   def _make_networks(self) -> d4pg.D4PGNetworks:
+    if self.synthetic is not None:
+      low, high = self.synthetic.action_bounds()
+      return self.networks_fn(self.synthetic.observation_shape(self.env_config), low, high,
+                              pixels=self.env_config.pixels)
     env = envs.make_env(self.env_config, seed=0)   # Specs only: nothing renders.
     obs, action = env.observation_spec(), env.action_spec()
     env.close()
@@ -123,10 +138,18 @@ class D4PG(Workload):
   def check_config(self, spec: TrainSpec) -> None:
     try:
       with precision.policy_scope(spec.precision):
-        self._make_networks()
+        networks = self._make_networks()
     except (ValueError, TypeError) as e:
-      raise UserError(f"D4PG: the networks do not build with these bindings: "
-                      f"{' '.join(str(e).split())}") from None
+      raise errors.build_failure("D4PG.networks", e) from None
+    hp = networks.hparams
+    check = lambda key, *a, **k: inputs.number(  # noqa: E731
+        f"D4PGHyperparams.{key}", getattr(hp, key), *a, **k)
+    check("n_step", 1, integer=True)
+    check("discount", 0, 1)
+    check("sigma", 0, meaning="exploration noise, in action units")
+    check("target_update_period", 1, integer=True, meaning="learner steps")
+    check("clip_norm", 0, low_open=True)
+    check("learning_rate", 0, low_open=True)
 
   def build_learner(self, spec: TrainSpec) -> None:
     """Networks and optimizers only (call under the replicator's scope); build() adds
@@ -149,6 +172,9 @@ class D4PG(Workload):
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)
+    if self.synthetic is not None:
+      logging.info("D4PG on synthetic transitions: no actors, replay or evaluator.")
+      return
     worker, workers = _worker_position()
     seed = int(np.random.SeedSequence([spec.seed, worker]).generate_state(1)[0] % (2**31 - 1))
     self.replay = self.replay_fn(seed=seed)
@@ -190,6 +216,8 @@ class D4PG(Workload):
     each draw from replay is a Python call (~0.5 ms on one core of the 2-core EPYC of
     results/scaling), which 4 logical replicas would otherwise pay 4 times a step.
     """
+    if self.synthetic is not None:
+      return self.synthetic.train(ctx, self.spec.seed, self.env_config)
     replicas_here = ctx.replicas_per_pipeline
     signature = self.element_spec(ctx.per_replica_batch_size)
     stacked = {k: tf.TensorSpec((replicas_here, *spec.shape), spec.dtype)
@@ -327,7 +355,7 @@ class D4PG(Workload):
     return {"task": self.env_config.task, "pixels": self.env_config.pixels,
             "num_actors": self.num_actors, "n_step": hp.n_step, "discount": hp.discount,
             "sigma": hp.sigma, "target_update_period": hp.target_update_period,
-            "replay": type(self.replay).__name__,
+            "replay": "synthetic" if self.synthetic is not None else type(self.replay).__name__,
             "samples_per_insert": float(limiter.samples_per_insert or 0) if limiter else 0.0,
             "policy_sizes": str(nets.policy_sizes) if nets else ""}
 

@@ -27,7 +27,8 @@ over the classes) with a scorer (Fashion-MNIST classifier or Inception
 features, replibench.eval.scorers): FID (the target, lower is better),
 classifier score and KID, next to the same scores of real held-out images at
 the same N, plus a per-class grid. The data sources are in replibench.data
-(sources.FashionMNIST, imagenet_gan.Imagenet2012Gan).
+(sources.FashionMNIST, imagenet_gan.Imagenet2012Gan, and synthetic.SyntheticImages,
+which is never evaluated and needs no scorer: ConditionalGAN.scorer = None).
 """
 
 import concurrent.futures
@@ -39,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from models.sngan import build_models, d_hinge_loss, g_hinge_loss
-from replibench import engine
+from replibench import engine, errors, inputs
 from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
@@ -74,9 +75,17 @@ class ConditionalGAN(Workload):
                learning_rate: float = 2e-4, beta_1: float = 0.0, beta_2: float = 0.9,
                epsilon: float = 1e-8, z_dim: int = 128, eval_num_samples: int = 5000,
                eval_batch_size: int = 500, grid_samples_per_class: int = 10):
-    if n_dis < 1 or eval_num_samples < 2:
-      raise UserError(f"ConditionalGAN: n_dis ({n_dis}) must be >= 1 and eval_num_samples "
-                      f"({eval_num_samples}) >= 2.")
+    check = lambda key, value, *a, **k: inputs.number(  # noqa: E731
+        f"ConditionalGAN.{key}", value, *a, **k)
+    check("n_dis", n_dis, 1, integer=True, meaning="discriminator steps a generator step")
+    check("eval_num_samples", eval_num_samples, 2, integer=True)
+    check("eval_batch_size", eval_batch_size, 1, integer=True)
+    check("grid_samples_per_class", grid_samples_per_class, 0, integer=True)
+    check("z_dim", z_dim, 1, integer=True)
+    check("learning_rate", learning_rate, 0, low_open=True)
+    check("beta_1", beta_1, 0, 1, high_open=True)
+    check("beta_2", beta_2, 0, 1, high_open=True)
+    check("epsilon", epsilon, 0, low_open=True)
     self.name = name
     self.generator_fn, self.discriminator_fn = generator, discriminator
     self.data, self.scorer = data, scorer
@@ -110,11 +119,14 @@ class ConditionalGAN(Workload):
     return precision.wrap_optimizer(adam, spec.precision) if spec else adam
 
   def check_config(self, spec: TrainSpec) -> None:
+    if self.scorer is None and not self.synthetic_data:
+      raise UserError("ConditionalGAN.scorer = None: only synthetic data (which is never "
+                      "evaluated) runs without a scorer; bind @InceptionScorer() or "
+                      "@FashionMNISTScorer().")
     try:
       self._make_models(spec)
     except (ValueError, TypeError) as e:
-      raise UserError(f"ConditionalGAN: the generator or discriminator does not build with "
-                      f"these bindings: {' '.join(str(e).split())}") from None
+      raise errors.build_failure("ConditionalGAN's generator or discriminator", e) from None
 
   def build_learner(self, spec: TrainSpec) -> None:
     self.spec = spec
@@ -133,6 +145,8 @@ class ConditionalGAN(Workload):
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)
+    if self.synthetic_data:
+      return   # Never evaluated: no samples to score, no reference statistics.
     self._make_eval_inputs(spec.seed)
     # Outside the timed span: classifier, reference statistics, real-data scores.
     self.real_scores = _outside_strategy(self.scorer.prepare, self.data, self.eval_num_samples)
@@ -160,6 +174,8 @@ class ConditionalGAN(Workload):
     this pipeline's R replicas take turns on its batches, so R * n_dis
     consecutive batches [k, r] become R elements [r][k].
     """
+    if self.synthetic_data:   # Already [n_dis, b, ...] per replica, made once.
+      return self.data.train(ctx, self.spec.seed, updates=self.n_dis)
     replicas_here = ctx.replicas_per_pipeline
     source_ctx = dataclasses.replace(ctx, start_step=ctx.start_step * self.n_dis)
     ds = self.data.train(source_ctx, self.spec.seed)
@@ -242,6 +258,8 @@ class ConditionalGAN(Workload):
 
   def prepare_evaluation(self, replicator: engine.BaseReplicator) -> None:
     del replicator   # Sampling runs on the host from the (identical) replica-0 weights.
+    if self.synthetic_data:
+      return
     for z, labels in ((self._eval_z[:self.eval_batch_size],
                        self._eval_labels[:self.eval_batch_size]),
                       (self._grid_z, self._grid_labels)):

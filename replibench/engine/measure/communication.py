@@ -17,18 +17,24 @@ times the payload for an all-reduce of n, (n-1) times it for an all-gather,
 (n-1)/n for an all-to-all (each replica's rows go straight to their owners).
 That is what `launch --network` measures on the cluster's loopback.
 
+A forward all-reduce that a gradient flows through sends again in the backward
+pass (its gradient is an all-reduce of the same size): collectives.all_reduce
+records that one when the gradient is traced, so cross-replica batch norm counts
+two per layer.
+
 CompiledStep.communication() turns a ledger into result.json's `communication`
 record (summarize), adding the collective ops actually found in the traced
 graph (graph_collectives: under MultiWorkerMirroredStrategy each is a
-CollectiveReduceV2 / CollectiveGatherV2; the backward pass of a forward
-collective adds one more, which the ledger cannot see: cross-replica batch norm
-costs two per layer), and the time the recorded collectives take run alone, in
-the same order and sizes, on the same replicas (replay): a lower bound on
-the communication in a step (no contention with compute, no overlap). In a
-launched cluster the replay also measures what each transfer costs on the link
-beyond its payload (rpc_overhead_bytes_by_collective: the receiver's request,
-gRPC framing, TCP; all-reduces and all-gathers apart), which the expected bytes
-on the wire include.
+CollectiveReduceV2 / CollectiveGatherV2), and the time the recorded collectives
+take run alone, in the same order and sizes, on the same replicas (replay): a
+lower bound on the communication in a step (no contention with compute, no
+overlap). In a launched cluster the replay also measures what the link carries
+beyond the payloads, which the expected bytes on the wire include: per transfer
+(rpc_overhead_bytes_by_collective: the receiver's request, gRPC framing, TCP;
+all-reduces, all-gathers and all-to-alls apart), and per collective op and call
+of the function that holds it (rpc_overhead_bytes_per_call_by_collective: an op
+run once per call, as a step of one step per call runs its all-reduces, costs
+that much more than one of many runs inside a call).
 """
 
 import collections
@@ -134,18 +140,26 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
   """{collectives_per_step, bytes_per_step, by_kind: {kind: {count, bytes}}} for a step's
   entries; 'outputs' are per call and count 1/steps_per_call per step. With
   num_replicas, also wire_bytes_per_replica_per_step: what each replica sends over
-  the ring algorithms (Entry.wire_bytes)."""
+  the ring algorithms (Entry.wire_bytes), its transfers by collective, and
+  wire_ops_per_step_by_collective: the collective ops a call runs, per step (each op
+  of a call's graph runs at least once in a call when its share times steps_per_call
+  reaches 1; an op pays a fixed cost per call, see replay)."""
   by_kind: dict[str, dict] = {}
   wire = 0.0
   messages: dict[str, float] = collections.defaultdict(float)
+  ops: dict[str, float] = collections.defaultdict(float)
   for entry in entries:
-    share = entry.share / steps_per_call if entry.kind == "outputs" else entry.share
+    per_call = entry.kind == "outputs"
+    share = entry.share / steps_per_call if per_call else entry.share
     row = by_kind.setdefault(entry.kind, {"count": 0.0, "bytes": 0.0})
     row["count"] += share
     row["bytes"] += share * entry.payload
     if num_replicas:
       wire += share * entry.wire_bytes(num_replicas)
       messages[entry.collective] += share * entry.messages(num_replicas)
+      if entry.messages(num_replicas):
+        ops[entry.collective] += (1.0 if per_call else
+                                  min(1.0, entry.share * steps_per_call)) / steps_per_call
   account = {"collectives_per_step": round(sum(r["count"] for r in by_kind.values()), 3),
              "bytes_per_step": round(sum(r["bytes"] for r in by_kind.values())),
              "by_kind": {k: {"count": round(v["count"], 3), "bytes": round(v["bytes"])}
@@ -154,6 +168,7 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
     account["wire_bytes_per_replica_per_step"] = round(wire)
     account["wire_messages_per_replica_per_step"] = round(sum(messages.values()), 3)
     account["wire_messages_by_collective"] = {k: round(v, 3) for k, v in sorted(messages.items())}
+    account["wire_ops_per_step_by_collective"] = {k: round(v, 3) for k, v in sorted(ops.items())}
   return account
 
 
@@ -173,14 +188,18 @@ def replay(strategy, entries: list[Entry], repeats: int = 20, wire_counter=None,
   """The entries' collectives run alone, in order, on strategy's replicas, with the
   same bytes (every replica of a multi-worker cluster must call this together):
   {'seconds': per replay, a lower bound on the step's communication time}; with
-  wire_counter (a callable: bytes sent so far on the cluster's link), also what each
-  transfer costs on the wire beyond its payload (request, framing, TCP), from the
-  bytes counted during the replays, per collective ('rpc_overhead_bytes_by_collective':
-  each kind of collective replays apart, so each one's overhead is measured on its
-  own transfers) and the all-reduce's (or else the first measured) as
-  'rpc_overhead_bytes_per_message'. all_to_all: the engine's all_to_all(x) (x
-  [num_replicas, ...]; this module cannot import the collectives that record into it),
-  needed when the entries hold all-to-alls."""
+  wire_counter (a callable: bytes sent so far on the cluster's link), also what the
+  wire carries beyond the payloads, per collective (each kind of collective replays
+  apart, so each one's overhead is measured on its own transfers):
+  'rpc_overhead_bytes_by_collective', per transfer (the receiver's request, gRPC
+  framing, TCP; the all-reduce's, or else the first measured, also as
+  'rpc_overhead_bytes_per_message'), and 'rpc_overhead_bytes_per_call_by_collective',
+  per collective op and call of the function holding it, per replica (~160 B a
+  replica between two workers, whatever the op's size: a step of 20 small
+  all-reduces, one step a call, sent 6.6 KB more than its transfers alone).
+  all_to_all: the engine's all_to_all(x) (x [num_replicas, ...]; this module cannot
+  import the collectives that record into it), needed when the entries hold
+  all-to-alls."""
   found = {"seconds": 0.0}
   ops = dict(_REPLAYED, **({"all_to_all": _rows(all_to_all)} if all_to_all else {}))
   for collective, op in ops.items():
@@ -188,11 +207,13 @@ def replay(strategy, entries: list[Entry], repeats: int = 20, wire_counter=None,
     sizes = [max(1, e.payload // 4) for e in entries
              if e.kind != "outputs" and e.collective == collective]
     if sizes:
-      seconds, overhead = _replay_chain(strategy, collective, op, sizes, repeats,
-                                        wire_counter)
-      found["seconds"] += seconds
-      if overhead is not None:
-        found.setdefault("rpc_overhead_bytes_by_collective", {})[collective] = overhead
+      measured = _replay_chain(strategy, collective, op, sizes, repeats, wire_counter)
+      found["seconds"] += measured.seconds
+      if measured.per_transfer is not None:
+        found.setdefault("rpc_overhead_bytes_by_collective", {})[collective] = (
+            measured.per_transfer)
+        found.setdefault("rpc_overhead_bytes_per_call_by_collective", {})[collective] = (
+            measured.per_call)
   by_collective = found.get("rpc_overhead_bytes_by_collective", {})
   if by_collective:
     found["rpc_overhead_bytes_per_message"] = by_collective.get(
@@ -227,10 +248,20 @@ def _replayed_payloads(collective: str, sizes: list[int], n: int) -> list[Entry]
   return replayed
 
 
+class _Replayed(collections.namedtuple("_Replayed", "seconds per_transfer per_call")):
+  """A replayed chain: seconds per replay; overhead bytes per transfer and per op and
+  call, per replica (None without a wire counter or with one replica)."""
+
+
+_CALLS = 10   # Calls of one replay each, for the per-call overhead.
+
+
 def _replay_chain(strategy, collective: str, op, sizes: list[int], repeats: int,
-                  wire_counter):
-  """(seconds per replay, overhead bytes per transfer or None) of a chain of float32
-  collectives of these sizes (entries), each waiting for the last, as a step's do."""
+                  wire_counter) -> _Replayed:
+  """A chain of float32 collectives of these sizes, each waiting for the last, as a
+  step's do: timed over `repeats` replays in one call; with a wire counter, its
+  bytes beyond the payloads per transfer (in that call) and per op and call (from
+  _CALLS calls of one replay each)."""
   def chain(x):
     ctx = tf.distribute.get_replica_context()
     for size in sizes:
@@ -254,9 +285,15 @@ def _replay_chain(strategy, collective: str, op, sizes: list[int], repeats: int,
   seconds = (time.perf_counter() - start) / repeats
   n = strategy.num_replicas_in_sync
   if not wire_counter or n <= 1:
-    return seconds, None
+    return _Replayed(seconds, None, None)
   counted = (wire_counter() - sent) / repeats
+  sent = wire_counter()
+  for _ in range(_CALLS):
+    run(tf.constant(1))
+  per_call = (wire_counter() - sent) / _CALLS
   replayed = _replayed_payloads(collective, sizes, n)
   payload = n * sum(e.wire_bytes(n) for e in replayed)
   messages = n * sum(e.messages(n) for e in replayed)
-  return seconds, round(max(0.0, counted - payload) / messages, 1)
+  ops = n * len(replayed)
+  return _Replayed(seconds, round(max(0.0, counted - payload) / messages, 1),
+                   round(max(0.0, per_call - counted) / ops, 1))

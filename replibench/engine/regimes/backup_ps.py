@@ -63,6 +63,7 @@ from replibench.engine.regimes.async_ps import AsyncPS
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 BINDING = "Experiment.regime = @regimes.BackupPS()"
 
@@ -85,7 +86,7 @@ class BackupPS(AsyncPS):
         or backup_workers < 0):
       raise UserError(f"regimes.BackupPS.backup_workers must be an integer >= 0 (the "
                       f"stragglers each step drops; 0 is synchronous training), got "
-                      f"{backup_workers!r}.")
+                      f"{shown(backup_workers)}.")
     stragglers = stragglers_lib.checked(stragglers, "regimes.BackupPS.stragglers")
     self.backup_workers, self.stragglers = backup_workers, stragglers
     self.workers = 1              # N, set by the replicator from TF_CONFIG.

@@ -73,6 +73,7 @@ from replibench.engine.regimes.quantization import (
     dequantize, field_bits, flatten, pack, packed_words, split_like, stochastic_levels, unpack)
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 LOSSLESS_BITS = 32
 PACKED_SUM, TWO_PASS = "packed_sum", "two_pass"
@@ -140,24 +141,24 @@ class Compressed(Regime):
     if (bits is None) == (top_k is None):
       raise UserError(
           "regimes.Compressed needs exactly one of `bits` (1..16, or 32 for no quantization) "
-          f"and `top_k` (a fraction in (0, 1]); got bits={bits!r}, top_k={top_k!r}.")
+          f"and `top_k` (a fraction in (0, 1]); got bits={shown(bits)}, top_k={shown(top_k)}.")
     if bits is not None and (not isinstance(bits, int) or isinstance(bits, bool)
                              or not (1 <= bits <= 16 or bits == LOSSLESS_BITS)):
       raise UserError(
           f"regimes.Compressed.bits must be an integer in 1..16 (or 32: no quantization), "
-          f"got {bits!r}.")
+          f"got {shown(bits)}.")
     if top_k is not None and (not isinstance(top_k, (int, float)) or isinstance(top_k, bool)
                               or not 0 < top_k <= 1):
       raise UserError(
           f"regimes.Compressed.top_k must be the fraction of entries kept per tensor, in "
-          f"(0, 1], got {top_k!r}.")
+          f"(0, 1], got {shown(top_k)}.")
     if not isinstance(seed, int) or isinstance(seed, bool):
-      raise UserError(f"regimes.Compressed.seed must be an integer, got {seed!r}.")
+      raise UserError(f"regimes.Compressed.seed must be an integer, got {shown(seed)}.")
     if wire not in WIRES or (wire == TWO_PASS and bits is None):
       raise UserError(
           f"regimes.Compressed.wire must be one of {WIRES} ('{TWO_PASS}' with `bits` only: "
-          f"top_k always gathers its pairs), got wire={wire!r} with bits={bits!r}, "
-          f"top_k={top_k!r}.")
+          f"top_k always gathers its pairs), got wire={shown(wire)} with bits={shown(bits)}, "
+          f"top_k={shown(top_k)}.")
     self.bits, self.top_k, self.seed, self.wire = bits, top_k, seed, wire
     self._residuals = {}   # id(variable) -> (variable, its residual)
     self._servers = {}     # two_pass: id(optimizer) -> (optimizer, BlockLayout, server residual)

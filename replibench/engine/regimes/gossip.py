@@ -43,6 +43,7 @@ from replibench.engine.regimes.compressed import Compressed
 from replibench.engine.regimes.quantized_exchange import StateQuantizer
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 class Graph:
@@ -104,7 +105,7 @@ class RandomMatching(Graph):
 
   def __init__(self, seed: int = 0):
     if not isinstance(seed, int) or isinstance(seed, bool):
-      raise UserError(f"regimes.RandomMatching.seed must be an integer, got {seed!r}.")
+      raise UserError(f"regimes.RandomMatching.seed must be an integer, got {shown(seed)}.")
     self.seed = seed
 
   def partners(self, replica, n, step):
@@ -172,7 +173,7 @@ class Gossip(Regime):
     if not isinstance(graph, Graph):
       raise UserError(
           f"regimes.Gossip.graph must be a gossip graph, e.g. @regimes.Ring(), "
-          f"@regimes.RandomMatching() or @regimes.Complete(); got {graph!r}.")
+          f"@regimes.RandomMatching() or @regimes.Complete(); got {shown(graph)}.")
     if compression is not None and (not isinstance(compression, Compressed)
                                     or compression.top_k is not None
                                     or compression.wire != "packed_sum"):
@@ -180,9 +181,7 @@ class Gossip(Regime):
           f"regimes.Gossip.compression quantizes the exchanged model: it must be "
           f"@regimes.Compressed() with regimes.Compressed.bits set (top_k would zero most of "
           f"a model; the copies travel packed, so regimes.Compressed.wire stays "
-          f"'packed_sum'), or None; got {compression!r}"
-          f"{' with top_k' if isinstance(compression, Compressed) else ''}"
-          f"{' with wire=%r' % compression.wire if isinstance(compression, Compressed) else ''}.")
+          f"'packed_sum'), or None; got {shown(compression)}{_compressed_settings(compression)}.")
     if compression is not None and compression.lossless:
       compression = None   # bits = 32: the copies as they are.
     self.graph, self.compression = graph, compression
@@ -267,3 +266,12 @@ def consensus_distance(squared: tf.Tensor) -> StepMetrics:
 def _payload(sizes: list[int]) -> float:
   """Bytes of one copy of float32 parameters and slots of these sizes."""
   return 4.0 * sum(sizes)
+
+
+def _compressed_settings(compression) -> str:
+  """' with regimes.Compressed.top_k = 0.01, ...': a Compressed's settings as bindings."""
+  if not isinstance(compression, Compressed):
+    return ""
+  settings = {"bits": compression.bits, "top_k": compression.top_k, "wire": compression.wire}
+  return " with " + ", ".join(f"regimes.Compressed.{k} = {shown(v)}" for k, v in
+                              settings.items() if v is not None)

@@ -34,6 +34,7 @@ from replibench.engine.regimes.base import GRADIENTS
 from replibench.engine.regimes.gossip import Gossip, Graph, Ring, consensus_distance
 from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 @gin.configurable(module="regimes")
@@ -51,7 +52,7 @@ class GradientTracking(Gossip):
     if not isinstance(graph, Graph):
       raise UserError(
           f"regimes.GradientTracking.graph must be a gossip graph, e.g. @regimes.Ring() or "
-          f"@regimes.RandomMatching(); got {graph!r}.")
+          f"@regimes.RandomMatching(); got {shown(graph)}.")
     super().__init__(graph=graph, report_consensus=report_consensus)
     self._state = {}   # id(variable) -> (variable, tracker, previous gradient)
 

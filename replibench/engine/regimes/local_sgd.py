@@ -26,6 +26,7 @@ from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.engine.regimes import stragglers as stragglers_lib
 from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 
 @gin.configurable(module="regimes")
@@ -46,11 +47,11 @@ class LocalSGD(Regime):
     if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
       raise UserError(
           f"regimes.LocalSGD.sync_every must be a positive integer (optimizer steps between "
-          f"parameter averages; 1 is synchronous training), got {sync_every!r}.")
+          f"parameter averages; 1 is synchronous training), got {shown(sync_every)}.")
     if average is not None and not isinstance(average, Gossip):
       raise UserError(
           f"regimes.LocalSGD.average must be None (the mean of all replicas) or "
-          f"@regimes.Gossip() (its graph and compression mix the copies), got {average!r}.")
+          f"@regimes.Gossip() (its graph and compression mix the copies), got {shown(average)}.")
     if average is not None:
       average.check_every(sync_every, "regimes.LocalSGD.average")
     stragglers = stragglers_lib.checked(stragglers, "regimes.LocalSGD.stragglers")

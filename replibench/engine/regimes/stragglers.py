@@ -33,6 +33,7 @@ import gin
 import tensorflow as tf
 
 from replibench.errors import UserError
+from replibench.inputs import shown
 
 _SALT = 0x5157   # Separates this draw's stream from other stateless draws of the seed.
 
@@ -72,7 +73,7 @@ def checked(stragglers, binding: str):
   """stragglers if it is None or a Stragglers; else a UserError naming binding
   (e.g. 'regimes.LocalSGD.stragglers')."""
   if stragglers is not None and not isinstance(stragglers, Stragglers):
-    raise UserError(f"{binding} must be None or @regimes.Stragglers(), got {stragglers!r}.")
+    raise UserError(f"{binding} must be None or @regimes.Stragglers(), got {shown(stragglers)}.")
   return stragglers
 
 
@@ -91,18 +92,18 @@ class Stragglers:
     if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
         or not 0.0 <= fraction <= 1.0):
       raise UserError(f"regimes.Stragglers.fraction must be a probability in [0, 1] (the "
-                      f"share of worker updates that are slowed), got {fraction!r}.")
+                      f"share of worker updates that are slowed), got {shown(fraction)}.")
     if (isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float))
         or not 0.0 <= delay_ms < float("inf")):
       raise UserError(f"regimes.Stragglers.delay_ms must be a finite number of milliseconds "
-                      f">= 0 (how long a slowed update sleeps), got {delay_ms!r}.")
+                      f">= 0 (how long a slowed update sleeps), got {shown(delay_ms)}.")
     if isinstance(seed, bool) or not isinstance(seed, int):
-      raise UserError(f"regimes.Stragglers.seed must be an integer, got {seed!r}.")
+      raise UserError(f"regimes.Stragglers.seed must be an integer, got {shown(seed)}.")
     workers = tuple(workers) if isinstance(workers, (list, tuple)) else workers
     if (not isinstance(workers, tuple)
         or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in workers)):
       raise UserError(f"regimes.Stragglers.workers must be a tuple of worker indices (>= 0), "
-                      f"or () for every worker, got {workers!r}.")
+                      f"or () for every worker, got {shown(workers)}.")
     self.fraction, self.delay_ms, self.seed = float(fraction), float(delay_ms), seed
     self.workers = tuple(sorted(set(workers)))
 
