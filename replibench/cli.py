@@ -6,6 +6,7 @@ fault; nothing written), 3 the run diverged, 128+N stopped by signal N.
 """
 
 import json
+import math
 import os
 import sys
 
@@ -175,17 +176,8 @@ def cmd_report(args) -> int:
 
 def _parse_factors(items: list[str]) -> dict[str, float]:
   from replibench.suite.comparison import DEFAULT_FACTORS  # pylint: disable=import-outside-toplevel
-  factors = {}
-  for item in items:
-    metric, _, value = item.partition("=")
-    try:
-      factors[metric] = float(value)
-    except ValueError:
-      factors[metric] = -1.0
-    if metric not in DEFAULT_FACTORS or not factors[metric] > 0:
-      raise UserError(f"--factors={item}: expected metric=fraction with metric one of "
-                      f"{sorted(DEFAULT_FACTORS)} and a positive fraction (e.g. final_metric=0.5).")
-  return factors
+  return inputs.metric_fractions("--factors", items, DEFAULT_FACTORS, 0, math.inf,
+                                 low_open=True, example="final_metric=0.5")
 
 
 def _parse_judge(items: list[str]) -> list[str] | None:

@@ -116,3 +116,26 @@ def output_directory(culprit: str, path: str) -> str:
   if not os.access(parent, os.W_OK | os.X_OK):
     raise UserError(f"{binding(culprit, path)}: {parent} is not writable by this user.")
   return path
+
+
+def metric_fractions(culprit: str, items, metrics, low: float, high: float, *,
+                     low_open: bool = False, high_open: bool = False,
+                     example: str = "") -> dict[str, float]:
+  """['metric=fraction', ...] -> {metric: fraction}, each metric one of `metrics` and each
+  fraction in the range given; UserError naming the item otherwise."""
+  out = {}
+  for item in items:
+    metric, _, text = item.partition("=")
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    if metric not in metrics:
+      raise UserError(f"{culprit}={item}: expected metric=fraction with metric one of "
+                      f"{', '.join(sorted(metrics))}{example and f' (e.g. {example})'}.")
+    try:
+      out[metric] = number(culprit, value, low, high, low_open=low_open, high_open=high_open)
+    except UserError:
+      raise UserError(f"{culprit}={item}: the fraction must be a number in "
+                      f"{_range(low, high, low_open, high_open)}.") from None
+  return out

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replibench import atomic
+from replibench import atomic, inputs
 from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench.suite import comparison as compare_lib
@@ -22,18 +22,8 @@ AB_ROOT = os.path.join("runs", "ab")
 
 def parse_min_effects(items: Sequence[str]) -> dict[str, float]:
   """['examples_per_s=0.05', ...] -> {metric: fraction}; a UserError naming the bad item."""
-  out = {}
-  for item in items:
-    metric, _, value = item.partition("=")
-    try:
-      out[metric] = float(value)
-    except ValueError:
-      out[metric] = -1.0
-    if metric not in verdicts.METRICS or not 0 <= out[metric] < 1:
-      raise UserError(f"--min_effect={item}: expected metric=fraction with metric one of "
-                      f"{', '.join(verdicts.METRICS)} and a fraction in [0, 1) (e.g. "
-                      f"examples_per_s=0.05 for 5%).")
-  return out
+  return inputs.metric_fractions("--min_effect", items, verdicts.METRICS, 0, 1,
+                                 high_open=True, example="examples_per_s=0.05 for 5%")
 
 
 def parse_metrics(items: Sequence[str]) -> tuple[str, ...] | None:
@@ -63,8 +53,7 @@ PLAN_FILE = "ab-plan.json"
 
 
 def check_workdir(path: str) -> None:
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise UserError(f"--workdir={path} is a file; give a directory for the A/B's runs.")
+  inputs.output_directory("--workdir", path)
 
 
 def claim_workdir(path: str, plan: dict) -> None:
