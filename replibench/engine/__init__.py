@@ -18,8 +18,8 @@ Public API (documented in README.md):
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
   measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes)
 
-Dependencies inside the engine point down: collectives and cluster import no
-other engine module but measure (which imports none); aggregation uses
+Dependencies inside the engine point down: cluster imports no other engine module,
+collectives only fusion and measure (which imports none); aggregation uses
 collectives; regimes use aggregation; spec and interface use the regimes; the
 replicators implement interface; factory picks a replicator.
 """
