@@ -76,7 +76,7 @@ def intensity(image_size: int) -> dict:
   """FLOPs, activation elements and parameters of one training example (float32)."""
   import keras   # pylint: disable=import-outside-toplevel
   from models.resnet import resnet50   # pylint: disable=import-outside-toplevel
-  from replibench.engine import cost   # pylint: disable=import-outside-toplevel
+  from replibench.engine.measure import cost   # pylint: disable=import-outside-toplevel
   model = resnet50(input_shape=(image_size, image_size, 3))
   activations = sum(int(np.prod(layer.output.shape[1:])) for layer in model.layers
                     if not isinstance(layer, keras.layers.InputLayer))

@@ -55,8 +55,8 @@ def _achieved_train_flops(runs) -> float | None:
 def _noise_scales(runs) -> list[float]:
   """B_simple of the runs that recorded an unbiased one: runs flagged with a caveat
   (cross-replica batch norm couples the replicas' gradients) are left out."""
-  return [r.noise_scale["b_simple"] for r in runs
-          if r.noise_scale and r.noise_scale["b_simple"] and "caveat" not in r.noise_scale]
+  return [r.noise_scale.b_simple for r in runs
+          if r.noise_scale and r.noise_scale.b_simple and r.noise_scale.caveat is None]
 
 
 def _batch_norm_setting(run) -> tuple[float, float]:

@@ -84,17 +84,14 @@ def _no_arguments(command: str, args: list) -> None:
 
 
 def cmd_run(args) -> int:
-  from replibench.engine import ps  # pylint: disable=import-outside-toplevel
   from replibench.harness.loop import run_experiment  # pylint: disable=import-outside-toplevel
   _no_arguments("run", args)
   if not FLAGS.workdir:
     raise UserError("run: --workdir is required.")
   if FLAGS.max_steps is not None:
     inputs.number("--max_steps", FLAGS.max_steps, 1, integer=True, meaning="steps")
-  experiment = _compile()
-  if isinstance(experiment.regime, ps.AsyncPS) and ps.is_server_task(experiment.topology):
-    ps.serve(experiment.topology)   # A worker or ps task of an async cluster: never returns.
-  result = run_experiment(experiment, FLAGS.workdir, FLAGS.max_steps)
+  # On a worker or ps task of a parameter-server cluster it serves and never returns.
+  result = run_experiment(_compile(), FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (
       "status", "target_metric", "target", "time_to_target_s", "steps_to_target",
       "final_metric", "final_step", "examples_per_s", "init_s")}

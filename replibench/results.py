@@ -1,22 +1,33 @@
 """result.json: the typed record of one run, written by the harness, read by the suite.
 
 `RunResult` is the schema (with a version); `write` and `read` are the only
-code that touches the file. A result written by an older replibench (no
-schema_version) is read as version 0: fields it lacks take their defaults.
-Anything that is not such a record (bad JSON, a list, missing or mistyped
-required fields, an unknown status) is a UserError naming the file.
+code that touches the file. Its parts are typed records (Budget, Session,
+Network, NoiseScale, Machine, Communication, Throughput): frozen dataclasses
+read by attribute (`result.budget.total_steps`) or, as the plain dicts of schema
+1 were, by key (`result.budget["total_steps"]`; a field that schema 1 left out
+when it had no value is absent then).
+
+Schema 2 writes every field of every record (null where nothing was measured).
+Schema 1 (and 0: no schema_version) wrote the records as dicts that left out
+what they did not measure; `read` takes them (`_from_v1`), and a result keeps
+the version it was read from until it is written again. Anything
+that is not such a record (bad JSON, a list, missing or mistyped required
+fields, an unknown status) is a UserError naming the file.
 """
 
+import collections.abc
 import dataclasses
 import json
 import math
 import os
+import types
+import typing
 from typing import Any
 
 from replibench import atomic
 from replibench.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FILE = "result.json"
 
 REACHED, BUDGET_EXHAUSTED, DIVERGED, FAILED = "reached", "budget_exhausted", "diverged", "failed"
@@ -24,6 +35,138 @@ REACHED, BUDGET_EXHAUSTED, DIVERGED, FAILED = "reached", "budget_exhausted", "di
 # run (status failed, or no result.json) is resumed from its checkpoint.
 FINAL_STATUSES = (REACHED, BUDGET_EXHAUSTED, DIVERGED)
 STATUSES = FINAL_STATUSES + (FAILED,)
+
+
+class Record(collections.abc.Mapping):
+  """A frozen dataclass that also reads as a mapping of its fields, as schema 1's dict
+  did: without the fields in LEFT_OUT that have no value (schema 1 left them out)."""
+
+  LEFT_OUT = frozenset()
+
+  def __getitem__(self, key: str) -> Any:
+    if key not in self.__iter__():
+      raise KeyError(key)
+    return getattr(self, key)
+
+  def __iter__(self):
+    return iter([name for name in _names(type(self))
+                 if name not in self.LEFT_OUT or getattr(self, name) is not None])
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self)
+
+  @classmethod
+  def of(cls, values: dict):
+    """The record of a dict that leaves out fields it has no value for (None)."""
+    return cls(**{**dict.fromkeys(_optional(cls)), **values})
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget(Record):
+  total_steps: int          # The run's budget.
+  limit: int                # Where this session stopped (--max_steps).
+
+
+@dataclasses.dataclass(frozen=True)
+class Session(Record):
+  """The first run or a resume: global steps, init and timed seconds."""
+  start_step: int
+  end_step: int
+  init_s: float
+  timed_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Network(Record):
+  """Bytes on a launched cluster's wire this session (harness/wire.py)."""
+  LEFT_OUT = frozenset({"init_bytes", "bytes_on_wire_per_step", "expected_bytes_per_step",
+                        "measured_over_expected"})
+  rate: str
+  init_bytes: int | None        # From the cluster's start to the timed run (schema 1: none).
+  bytes_on_wire: int
+  eval_bytes: int
+  checkpoint_bytes: int
+  steps: int
+  bytes_on_wire_per_step: int | None
+  expected_bytes_per_step: int | None
+  measured_over_expected: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseScale(Record):
+  """The simple gradient noise scale (engine/measure/noise_scale.py)."""
+  LEFT_OUT = frozenset({"caveat"})
+  b_simple: float | None     # None where |G|^2 came out <= 0.
+  trace_sigma: float | None  # None: not finite (written as null).
+  grad_sq: float | None
+  per_replica_batch: int
+  global_batch: int
+  method: str
+  caveat: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine(Record):
+  """Where the run ran (harness/provenance.py); calibration in GFLOP/s at run start."""
+  cpu: str = ""
+  cores: int = 0
+  isa_flags: list = dataclasses.field(default_factory=list)
+  accelerators: list = dataclasses.field(default_factory=list)
+  accelerator_peak_memory_bytes: dict = dataclasses.field(default_factory=dict)
+  calibration: dict | None = None
+  malloc: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Communication(Record):
+  """The step's communication account (engine/measure/communication.py; for
+  parameter-server workers engine/measure/transfers.py), per replica and step, with
+  the measured step time beside the collectives' time alone."""
+  LEFT_OUT = frozenset({"wire_bytes_per_replica_per_step", "wire_messages_per_replica_per_step",
+                        "wire_messages_by_collective", "wire_ops_per_step_by_collective",
+                        "graph_collectives_per_step", "collective_s_per_step",
+                        "rpc_overhead_bytes_by_collective", "rpc_overhead_bytes_per_message",
+                        "rpc_overhead_bytes_per_call_by_collective", "parameter_server", "note",
+                        "step_s", "collective_fraction"})
+  collectives_per_step: float
+  bytes_per_step: int
+  by_kind: dict                                   # kind -> {count, bytes}
+  # On the wire, with the ring algorithms' factors (or the ps transfers).
+  wire_bytes_per_replica_per_step: int | None
+  wire_messages_per_replica_per_step: float | None
+  wire_messages_by_collective: dict | None
+  wire_ops_per_step_by_collective: dict | None   # Collective ops (calls) a step runs.
+  # What TensorFlow's graph holds, and the collectives' time alone.
+  graph_collectives_per_step: float | None
+  collective_s_per_step: float | None
+  # Protocol bytes per message, measured on a launched cluster's link at init.
+  rpc_overhead_bytes_by_collective: dict | None
+  rpc_overhead_bytes_per_message: float | None
+  rpc_overhead_bytes_per_call_by_collective: dict | None
+  parameter_server: dict | None            # pulls, pushes, repeated_reads
+  note: str | None
+  # The measured step, and the collectives' share of it (a lower bound).
+  step_s: float | None
+  collective_fraction: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput(Record):
+  """A run on synthetic data (harness/throughput.py): examples/s in all and per device,
+  step time, the plan's FLOP rate and its fraction of the calibrated matmul, peak memory."""
+  data: str                                 # 'synthetic'
+  time_to_target: str                       # Why it is undefined.
+  examples_per_s: float | None
+  devices: int
+  device_names: list
+  examples_per_s_per_device: float | None
+  step_s: float | None
+  train_flops_per_example: float | None
+  achieved_flops_per_s: float | None
+  achieved_flops_per_s_per_device: float | None
+  fraction_of_calibrated_matmul: float | None
+  peak_host_memory_bytes: int
+  peak_accelerator_memory_bytes: dict
 
 
 @dataclasses.dataclass
@@ -36,6 +179,8 @@ class RunResult:
   target: float
   higher_is_better: bool
   final_step: int = 0
+  # Time to accuracy (MLPerf: init apart, the timed span to the first evaluation that met
+  # the target), and the steps, epochs and examples it took.
   time_to_target_s: float | None = None
   init_s: float | None = None
   total_s: float | None = None
@@ -43,18 +188,20 @@ class RunResult:
   epochs_to_target: float | None = None
   examples_to_target: int | None = None
   final_metric: float | None = None
-  final_metrics: dict | None = None
-  metrics_at_target: dict | None = None
+  final_metrics: dict | None = None       # eval name -> value, at the last evaluation
+  metrics_at_target: dict | None = None   # the same, at the evaluation that met the target
+  # Throughput: training calls after the first; the first apart.
   examples_per_s: float | None = None
   first_call_s: float | None = None
   eval_s: float | None = None   # Mean seconds per evaluation (inside time_to_target_s).
-  regime: dict = dataclasses.field(default_factory=dict)
-  regime_metrics: dict = dataclasses.field(default_factory=dict)
-  communication: dict | None = None
-  network: dict | None = None   # Bytes on the wire, in a launched cluster (harness/wire.py).
-  noise_scale: dict | None = None   # The gradient noise scale (engine/noise_scale.py).
-  budget: dict = dataclasses.field(default_factory=dict)
+  regime: dict = dataclasses.field(default_factory=dict)           # The regime's settings.
+  regime_metrics: dict = dataclasses.field(default_factory=dict)   # 'regime/...' -> run mean
+  communication: Communication | None = None
+  network: Network | None = None   # Bytes on the wire, in a launched cluster.
+  noise_scale: NoiseScale | None = None
+  budget: Budget | None = None
   curve: list = dataclasses.field(default_factory=list)
+  # What ran: where, at which batch, grouped how (TensorBoard's HParams, the suite).
   topology: str = ""
   scaling_kind: str = "unknown"
   num_workers: int = 1
@@ -62,17 +209,22 @@ class RunResult:
   global_batch_size: int = 0
   seed: int = 0
   hparams: dict = dataclasses.field(default_factory=dict)
-  sessions: list = dataclasses.field(default_factory=list)
+  sessions: list[Session] = dataclasses.field(default_factory=list)
   resumed: int = 0
   operative_config: str = ""
   git_sha: str = ""
   tf_version: str = ""
-  machine: dict = dataclasses.field(default_factory=dict)
-  # On synthetic data (time to target undefined): examples/s per device, step time,
-  # FLOP rate, peak memory (harness/throughput.py).
-  throughput: dict | None = None
+  machine: Machine | None = None
+  throughput: Throughput | None = None   # On synthetic data, where time to target is undefined.
   error: str | None = None
   schema_version: int = SCHEMA_VERSION
+
+  def __post_init__(self):
+    # Records given as dicts (as schema 1 held them) become records.
+    for name, record in _records().items():
+      if isinstance(getattr(self, name), dict):
+        setattr(self, name, record.of(getattr(self, name)))
+    self.sessions = [Session(**s) if isinstance(s, dict) else s for s in self.sessions]
 
   @property
   def is_final(self) -> bool:
@@ -87,50 +239,98 @@ class RunResult:
 
   @classmethod
   def from_dict(cls, data: Any, source: str = FILE) -> "RunResult":
-    """Validates data (a parsed result.json); UserError naming source if it is not one."""
+    """Validates data (a parsed result.json, of any schema version); UserError naming
+    source if it is not one."""
     if not isinstance(data, dict):
       raise UserError(f"{source} holds a JSON {type(data).__name__}, not a run result "
                       f"(an object written by `replibench run`).")
-    missing = [f for f in _REQUIRED if f not in data]
-    if missing:
-      raise UserError(f"{source} lacks the field(s) {', '.join(missing)}; it was not "
-                      f"written by `replibench run` or by an incompatible version.")
-    if data["status"] not in STATUSES:
-      raise UserError(f"{source}: status {data['status']!r} is not one of "
-                      f"{', '.join(STATUSES)}.")
     version = data.get("schema_version", 0)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
       raise UserError(f"{source} has schema_version {version!r}; this replibench reads up "
                       f"to {SCHEMA_VERSION}. Upgrade replibench to read it.")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in data.items() if k in known}
-    for name, value in values.items():
-      _check_type(source, name, value)
-    return cls(**{**values, "schema_version": version})
+    names = _names(cls)
+    result = _build(cls, {k: v for k, v in (_from_v1(data) if version < 2 else data).items()
+                          if k in names}, source, "")
+    if result.status not in STATUSES:
+      raise UserError(f"{source}: status {result.status!r} is not one of "
+                      f"{', '.join(STATUSES)}.")
+    return dataclasses.replace(result, schema_version=version)
 
 
-_REQUIRED = ("status", "workload", "target_metric", "target", "higher_is_better")
-_NUMBERS = {"target", "time_to_target_s", "init_s", "total_s", "epochs_to_target",
-            "final_metric", "examples_per_s", "first_call_s"}
-_INTEGERS = {"final_step", "steps_to_target", "examples_to_target", "num_workers",
-             "num_replicas", "global_batch_size", "seed", "resumed"}
-_CONTAINERS = {"final_metrics": dict, "metrics_at_target": dict, "regime": dict,
-               "regime_metrics": dict, "communication": dict, "network": dict, "budget": dict,
-               "curve": list, "hparams": dict, "sessions": list, "machine": dict,
-               "throughput": dict}
+def _from_v1(data: dict) -> dict:
+  """A schema 0/1 result as schema 2 reads it: its records' absent fields are null, an
+  empty budget or machine (a result made without one) is none, and the noise scale's
+  per-replica batch (a float then) is an integer."""
+  data = dict(data)
+  for name, record in _records().items():
+    value = data.get(name)
+    if value == {}:
+      data[name] = None
+    elif isinstance(value, dict):
+      data[name] = {**dict.fromkeys(_optional(record)), **value}
+  noise = data.get("noise_scale")
+  if isinstance(noise, dict) and isinstance(noise.get("per_replica_batch"), float):
+    data["noise_scale"] = {**noise, "per_replica_batch": int(noise["per_replica_batch"])}
+  return data
 
 
-def _check_type(source: str, name: str, value: Any) -> None:
-  if value is None:
-    return
-  ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-        if name in _NUMBERS else
-        isinstance(value, int) and not isinstance(value, bool) if name in _INTEGERS else
-        isinstance(value, _CONTAINERS[name]) if name in _CONTAINERS else
-        isinstance(value, bool) if name == "higher_is_better" else True)
+def _records() -> dict:
+  """{RunResult field: its Record class} for the fields that hold one record."""
+  return {name: kind for name, hint in typing.get_type_hints(RunResult).items()
+          for kind in _kinds(hint) if isinstance(kind, type) and issubclass(kind, Record)}
+
+
+def _optional(cls) -> list[str]:
+  """The fields of cls that may be None."""
+  return [name for name, hint in typing.get_type_hints(cls).items()
+          if type(None) in _kinds(hint)]
+
+
+def _names(cls) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _kinds(annotation) -> tuple:
+  """The runtime types an annotation allows (int | None -> (int, NoneType); list[X] -> list)."""
+  args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+  return tuple(typing.get_origin(a) or a for a in (args or (annotation,)))
+
+
+def _value(annotation, value, source: str, where: str):
+  """value, checked against annotation; a dict for a Record becomes the record."""
+  kinds = _kinds(annotation)
+  record = next((k for k in kinds if isinstance(k, type) and issubclass(k, Record)), None)
+  if record is not None and isinstance(value, dict):
+    return _build(record, value, source, where)
+  item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+  if isinstance(item, type) and issubclass(item, Record) and isinstance(value, list):
+    return [_value(item, v, source, f"{where}[{i}]") for i, v in enumerate(value)]
+  numbers = (int,) if float in kinds else ()
+  ok = (isinstance(value, kinds + numbers)
+        and (not isinstance(value, bool) or bool in kinds)
+        and (value is not None or type(None) in kinds))
   if not ok:
-    raise UserError(f"{source}: field {name!r} is {value!r} ({type(value).__name__}), which "
+    raise UserError(f"{source}: field {where!r} is {value!r} ({type(value).__name__}), which "
                     f"is not what `replibench run` writes there.")
+  return value
+
+
+def _build(cls, data: Any, source: str, where: str = ""):
+  """cls (RunResult or a Record) from a parsed object: unknown keys are ignored (a
+  newer writer's), missing required ones are an error, every value is type-checked."""
+  prefix = f"{where}." if where else ""
+  if not isinstance(data, dict):
+    raise UserError(f"{source}: field {where!r} is {data!r}, not an object.")
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  required = [n for n, f in fields.items()
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+  missing = [n for n in required if n not in data]
+  if missing:
+    raise UserError(f"{source} lacks the field(s) {', '.join(prefix + m for m in missing)}; "
+                    f"it was not written by `replibench run` or by an incompatible version.")
+  hints = typing.get_type_hints(cls)
+  return cls(**{name: _value(hints[name], value, source, prefix + name)
+                for name, value in data.items() if name in fields})
 
 
 def configuration(hparams: dict) -> dict:
@@ -145,8 +345,10 @@ def path_in(directory: str) -> str:
 
 
 def write(directory: str, result: RunResult) -> None:
-  """Writes directory/result.json atomically (a reader never sees half of it)."""
-  atomic.write_json(path_in(directory), _finite(result.to_dict()))
+  """Writes directory/result.json atomically (a reader never sees half of it), in the
+  current schema (whichever version the result was read from)."""
+  atomic.write_json(path_in(directory),
+                    _finite({**result.to_dict(), "schema_version": SCHEMA_VERSION}))
 
 
 def read(directory: str) -> RunResult | None:

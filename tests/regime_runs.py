@@ -67,11 +67,9 @@ class Run:
       logits = self.model(images, training=True)
       per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
       loss = engine.average_loss(per_example, GLOBAL_BATCH)
-    self.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables), variables)
-    outputs = {"loss": engine.all_reduce(loss, "sum")}
-    if self.replicator is None:   # Replicator.run adds these itself.
-      outputs.update(self.regime.step_metrics())
-    return outputs
+    metrics = self.regime.apply_gradients(self.optimizer, tape.gradient(loss, variables),
+                                          variables)
+    return {"loss": engine.all_reduce(loss, "sum"), **metrics}
 
   def run(self, steps=STEPS) -> list:
     return [self.train() for _ in range(steps)]

@@ -2,7 +2,11 @@
 dependencies point the way README's architecture section draws them.
 
 Imports are read from the source (ast), not by importing, so the test sees every
-module-level and function-level import statement as written.
+module-level and function-level import statement as written, and the imports a
+module makes by name (importlib.import_module, __import__): such a module imports
+every project module its string constants name. Packages are folders at any depth
+(replibench.engine.regimes is one, inside replibench.engine), and no cycle of any
+length may run between them.
 """
 
 import ast
@@ -47,11 +51,25 @@ def _modules() -> dict[str, str]:
   return found
 
 
+def _imports_by_name(tree: ast.AST) -> bool:
+  """Whether the module calls importlib.import_module or __import__."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      func = node.func
+      name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+      if name in ("import_module", "__import__"):
+        return True
+  return False
+
+
 def _imports(path: str, module: str, known: set[str]) -> set[str]:
   """The project modules that path imports (a package import counts as its __init__)."""
   tree = ast.parse(open(path).read(), path)
   package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
   out = set()
+  if _imports_by_name(tree):
+    out.update(node.value for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and node.value in known)
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       names = [a.name for a in node.names]
@@ -96,8 +114,20 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def _package(module: str) -> str:
+  """The top-level package whose arrows ALLOWED lists (replibench.engine, models...)."""
   parts = module.split(".")
   return parts[0] if parts[0] == "models" else ".".join(parts[:2])
+
+
+def _folder(module: str, modules: dict[str, str]) -> str:
+  """The package (folder, at any depth) that holds module."""
+  path = modules[module]
+  return module if path.endswith("__init__.py") else module.rpartition(".")[0]
+
+
+def _nested(a: str, b: str) -> bool:
+  """Whether one package holds the other (a parent and its subpackage are one unit)."""
+  return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def test_no_import_cycle_between_modules():
@@ -112,6 +142,26 @@ def test_no_import_cycle_between_packages():
         _package(i) for i in imports if _package(i) != _package(module) and i not in LEAVES)
   cycle = _cycle(packages)
   assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages_at_any_depth():
+  modules = _modules()
+  folders: dict[str, set[str]] = {}
+  for module, imports in _graph().items():
+    here = _folder(module, modules)
+    folders.setdefault(here, set()).update(
+        _folder(i, modules) for i in imports
+        if i not in LEAVES and not _nested(here, _folder(i, modules)))
+  cycle = _cycle(folders)
+  assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_imports_by_name_are_seen(tmp_path):
+  source = tmp_path / "m.py"
+  source.write_text("import importlib\nNAMES = ('replibench.predict', 'os')\n"
+                    "def load():\n  for n in NAMES:\n    importlib.import_module(n)\n")
+  assert _imports(str(source), "replibench.config.m", {"replibench.predict"}) == {
+      "replibench.predict"}
 
 
 def test_dependencies_point_the_documented_way():

@@ -18,7 +18,7 @@ from replibench import engine
 from replibench.config import load_experiment
 from replibench.engine import regimes
 from replibench.engine import ps
-from replibench.engine.ps import regime as async_ps
+from replibench.engine.regimes import async_ps
 from replibench.errors import UserError
 from tests import helpers
 
@@ -35,6 +35,18 @@ def _launch(workers: int, flags: list[str], workdir, topology: str = PS) -> list
   return ["launch", f"--workers={workers}", "--ps=1", "--timeout=400", "--", "run", *flags,
           f"--gin_file={topology}", f"--gin_bindings=topology.MultiWorker.workers = {workers}",
           f"--workdir={workdir}"]
+
+
+def _beside_sync(tmp_path, flags: list[str], workers: int, name: str, local=(),
+                 topology: str = PS) -> tuple:
+  """Two steps of flags in one process (Sync; `local`: its topology flags) and launched
+  on `workers` parameter-server workers (topology): (their results), both succeeded."""
+  run = helpers.cli("run", *flags, *local, "--max_steps=2", f"--workdir={tmp_path / 'sync'}")
+  assert run.returncode == 0, run.stderr[-3000:]
+  launched = helpers.cli(*_launch(workers, flags + ["--max_steps=2"], tmp_path / name,
+                                  topology=topology))
+  assert launched.returncode == 0, helpers.failure_report(launched)
+  return helpers.result(tmp_path / "sync"), helpers.result(tmp_path / name)
 
 
 def _variables(workdir) -> dict:
@@ -67,11 +79,7 @@ def test_one_worker_trains_exactly_like_sync(tmp_path):
   or doubled update, a wrong learning rate) moves every tensor by O(1) of its scale.
   """
   flags = _flags(RESNET, "ImageClassification.warmup_epochs = 0")
-  local = helpers.cli("run", *flags, "--max_steps=2", f"--workdir={tmp_path / 'sync'}")
-  assert local.returncode == 0, local.stderr[-3000:]
-  launched = helpers.cli(*_launch(1, flags + ["--max_steps=2"], tmp_path / "async"))
-  assert launched.returncode == 0, helpers.failure_report(launched)
-  a, b = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "async")
+  a, b = _beside_sync(tmp_path, flags, 1, "async")
   assert (b.num_workers, b.num_replicas) == (1, 1)
   assert a.final_step == b.final_step == 2
   _assert_close_to_scale(_variables(tmp_path / "async"), _variables(tmp_path / "sync"),
@@ -196,7 +204,7 @@ def test_async_ps_checks_the_cluster_before_connecting(monkeypatch, tf_config, t
                                                         culprit):
   monkeypatch.setenv("TF_CONFIG", tf_config)
   with pytest.raises(UserError, match=culprit):
-    ps.AsyncReplicator(topology, ps.AsyncPS())
+    ps.AsyncReplicator(topology, regimes.AsyncPS())
 
 
 def test_synchronous_multiworker_rejects_parameter_servers(monkeypatch):

@@ -1,5 +1,6 @@
-"""regimes.BackupPS (engine/ps/backup.py): synchronous training with backup workers on
-parameter servers, and regimes.Stragglers (engine/ps/stragglers.py), the injected
+"""regimes.BackupPS (engine/regimes/backup_ps.py, run by engine/ps/backup.py): synchronous
+training with backup workers on parameter servers, and regimes.Stragglers
+(engine/regimes/stragglers.py), the injected
 slowdowns that make its benefit measurable on one machine."""
 
 import os
@@ -10,8 +11,8 @@ import tensorflow as tf
 
 from replibench import engine
 from replibench.config import load_experiment
-from replibench.engine import ps
-from replibench.engine import stragglers as stragglers_lib
+from replibench.engine import ps, regimes
+from replibench.engine.regimes import stragglers as stragglers_lib
 from replibench.errors import UserError
 from tests import helpers
 from tests import test_async_ps as async_ps_test
@@ -52,12 +53,9 @@ def test_no_backup_workers_trains_exactly_like_sync(tmp_path):
   unscaled. Tolerance: float32 round-off in different processes (as
   test_async_ps's W = 1 test: ~1e-6 of each tensor's scale after two steps)."""
   flags = _flags(RESNET, "ImageClassification.warmup_epochs = 0", PER_REPLICA_BN)
-  local = helpers.cli("run", *flags, "--gin_file=configs/topology/local2.gin", "--max_steps=2",
-                      f"--workdir={tmp_path / 'sync'}")
-  assert local.returncode == 0, local.stderr[-3000:]
-  launched = helpers.cli(*_launch(2, flags + ["--max_steps=2"], tmp_path / "backup"))
-  assert launched.returncode == 0, helpers.failure_report(launched)
-  sync, backup = helpers.result(tmp_path / "sync"), helpers.result(tmp_path / "backup")
+  sync, backup = async_ps_test._beside_sync(  # pylint: disable=protected-access
+      tmp_path, flags, 2, "backup", local=["--gin_file=configs/topology/local2.gin"],
+      topology=BACKUP)
   assert (backup.num_workers, backup.num_replicas) == (2, 2)
   assert sync.final_step == backup.final_step == 2
   assert backup.hparams["regime_setting"] == "backup_ps(backup_workers=0)"
@@ -145,10 +143,10 @@ def test_d4pg_is_refused_like_under_async_ps():
 def test_backups_are_checked_against_tf_config_before_connecting(monkeypatch):
   monkeypatch.setenv("TF_CONFIG", _cluster(chief=1, worker=3, ps=1))
   with pytest.raises(UserError, match=r"backup_workers = 3 with 3 worker\(s\) \(in TF_CONFIG\)"):
-    ps.BackupReplicator(engine.MultiWorker(ps=1), ps.BackupPS(backup_workers=3))
+    ps.BackupReplicator(engine.MultiWorker(ps=1), regimes.BackupPS(backup_workers=3))
   with pytest.raises(UserError, match=r"Stragglers.workers = \(5,\) names worker"):
-    ps.BackupReplicator(engine.MultiWorker(ps=1), ps.BackupPS(
-        backup_workers=1, stragglers=ps.Stragglers(fraction=0.5, delay_ms=10, workers=(5,))))
+    ps.BackupReplicator(engine.MultiWorker(ps=1), regimes.BackupPS(
+        backup_workers=1, stragglers=regimes.Stragglers(fraction=0.5, delay_ms=10, workers=(5,))))
 
 
 def test_a_local_topology_is_a_user_error():
@@ -172,10 +170,10 @@ def test_straggler_draw_is_reproducible_and_has_the_requested_fraction():
 
 
 def test_straggler_delay_is_drawn_per_worker_and_slept_in_the_graph():
-  only_1 = ps.Stragglers(fraction=1.0, delay_ms=2.5, workers=(1,))
+  only_1 = regimes.Stragglers(fraction=1.0, delay_ms=2.5, workers=(1,))
   assert int(only_1.delay_us(1, 3)) == 2500 and int(only_1.delay_us(0, 3)) == 0
-  assert int(ps.Stragglers(fraction=0.0, delay_ms=100).delay_us(1, 3)) == 0
-  assert not ps.Stragglers(fraction=0.5).active          # delay_ms = 0: nothing to inject.
+  assert int(regimes.Stragglers(fraction=0.0, delay_ms=100).delay_us(1, 3)) == 0
+  assert not regimes.Stragglers(fraction=0.5).active          # delay_ms = 0: nothing to inject.
 
   @tf.function
   def slowed_identity(x):
@@ -189,15 +187,15 @@ def test_straggler_delay_is_drawn_per_worker_and_slept_in_the_graph():
 
 
 def test_settings_tell_the_regimes_apart():
-  stragglers = ps.Stragglers(fraction=0.25, delay_ms=150, seed=3)
-  assert ps.BackupPS(backup_workers=1).setting() == "backup_ps(backup_workers=1)"
-  backup = ps.BackupPS(backup_workers=1, stragglers=stragglers)
+  stragglers = regimes.Stragglers(fraction=0.25, delay_ms=150, seed=3)
+  assert regimes.BackupPS(backup_workers=1).setting() == "backup_ps(backup_workers=1)"
+  backup = regimes.BackupPS(backup_workers=1, stragglers=stragglers)
   assert backup.setting() == "backup_ps(backup_workers=1, stragglers=0.25x150ms@all)"
   assert backup.hparams() == {"regime": "backup_ps", "backup_workers": 1,
                               "straggler_fraction": 0.25, "straggler_delay_ms": 150.0,
                               "straggler_workers": "all", "straggler_seed": 3}
-  assert ps.AsyncPS(stragglers=stragglers).setting() == "async_ps(stragglers=0.25x150ms@all)"
-  assert ps.AsyncPS().hparams() == {"regime": "async_ps"}
+  assert regimes.AsyncPS(stragglers=stragglers).setting() == "async_ps(stragglers=0.25x150ms@all)"
+  assert regimes.AsyncPS().hparams() == {"regime": "async_ps"}
   # Bytes per worker slot and step: N - b of N slots push their gradients.
-  assert ps.BackupPS(backup_workers=1).wire_bytes([100], 4) == 4.0 * 100 * 3 / 4
-  assert ps.BackupPS(backup_workers=0).wire_bytes([100], 4) == 400.0
+  assert regimes.BackupPS(backup_workers=1).wire_bytes([100], 4) == 4.0 * 100 * 3 / 4
+  assert regimes.BackupPS(backup_workers=0).wire_bytes([100], 4) == 400.0

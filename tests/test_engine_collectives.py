@@ -142,7 +142,7 @@ def test_a_gradient_through_an_all_reduce_is_a_second_collective_in_the_account(
   """The gradient of an all-reduce is an all-reduce of the same size (cross-replica
   batch norm's moments send twice a step): the account records it when the gradient
   is traced, and nothing when no gradient flows through."""
-  from replibench.engine import communication  # pylint: disable=import-outside-toplevel
+  from replibench.engine.measure import communication  # pylint: disable=import-outside-toplevel
   replicator = engine.Replicator(engine.Local(num_replicas=2))
 
   def step(x):
@@ -169,7 +169,7 @@ def test_the_account_counts_each_collective_op_once_per_call():
   """summarize's ops per step: an op in the step's body runs in every call (once per
   steps_per_call steps), one under a condition taken every 4 steps in a call of 2
   steps in every other call, the outputs' reduction once a call."""
-  from replibench.engine import communication  # pylint: disable=import-outside-toplevel
+  from replibench.engine.measure import communication  # pylint: disable=import-outside-toplevel
   entries = [communication.Entry("gradients", 400, "all_reduce", None, 1.0),
              communication.Entry("parameters", 400, "all_reduce", None, 0.25),
              communication.Entry("outputs", 8, "all_reduce", None, 1.0)]

@@ -6,7 +6,7 @@ import pytest
 
 from replibench import engine
 from replibench.engine import devices
-from replibench.engine.replicator import per_replica_batch_size
+from replibench.engine.spec import per_replica_batch_size
 from replibench.errors import UserError
 from tests import helpers
 

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
-from replibench.engine import collectives, communication, regimes
+from replibench.engine import collectives, regimes
+from replibench.engine.measure import communication
 from replibench.engine.regimes import gossip
 from tests import helpers
 
@@ -94,8 +95,7 @@ def test_gossip_step_sends_a_state_copy_per_neighbour(graph, n):
 
   def step():
     grad = tf.ones((3, 2)) * tf.cast(collectives.replica_id() + 1, tf.float32)
-    regime.apply_gradients(optimizer, [grad], [kernel])
-    return {}
+    return regime.apply_gradients(optimizer, [grad], [kernel])
 
   run = tf.function(lambda: replicator.run(step))
   with communication.Ledger() as ledger:

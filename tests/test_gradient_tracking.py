@@ -36,8 +36,7 @@ def _quadratic_copies(regime, targets: np.ndarray, steps: int) -> np.ndarray:
   def step(c):
     with tf.GradientTape() as tape:
       loss = engine.average_loss(tf.reshape(0.5 * tf.reduce_sum(tf.square(x - c)), [1]), n)
-    regime.apply_gradients(optimizer, tape.gradient(loss, [x]), [x])
-    return regime.step_metrics()
+    return regime.apply_gradients(optimizer, tape.gradient(loss, [x]), [x])
 
   train = tf.function(lambda c: replicator.run(step, c))
   for _ in range(steps):

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from replibench.engine import noise_scale
+from replibench.engine.measure import noise_scale
 from replibench.errors import UserError
 from replibench.predict import command, efficiency, hardware
 from tests import helpers

@@ -1,4 +1,4 @@
-"""engine/ps/transfers.py: the tensors an asynchronous worker update pulls from and pushes
+"""engine/measure/transfers.py: the tensors an asynchronous worker update pulls from and pushes
 to the parameter servers, and the account of their bytes on the wire.
 
 No cluster: this process's variables stand in for the ps's (job 'localhost'), so
@@ -7,7 +7,7 @@ every op that uses one is placed 'on the ps' and the rest 'on the worker'."""
 import pytest
 import tensorflow as tf
 
-from replibench.engine.ps import transfers
+from replibench.engine.measure import transfers
 from replibench.harness import wire
 
 LOCAL = "localhost"   # The job this process's variables live on.

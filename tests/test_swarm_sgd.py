@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from replibench.engine import regimes
-from replibench.engine.stragglers import Stragglers
+from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
 from tests.regime_runs import (LOOSE_CLIP, Run, assert_replicas_equal, assert_same_training)
 
@@ -91,7 +91,7 @@ def test_compositions_that_cannot_work_are_user_errors(make):
 
 def test_stragglers_slow_replicas_without_changing_the_math():
   """regimes.LocalSGD.stragglers: a slowed replica sleeps before it applies its step
-  (engine/stragglers.py), so it reaches its pair exchange late; what it computes is
+  (engine/regimes/stragglers.py), so it reaches its pair exchange late; what it computes is
   unchanged: 3 steps of SwarmSGD with replica 1 slowed on every step match 3 steps
   without, bit for bit, and the setting names the slowdown."""
   slow = Stragglers(fraction=1.0, delay_ms=1.0, workers=(1,))

@@ -5,13 +5,12 @@ import math
 
 import gin
 
-from replibench.engine import Topology
+from replibench.engine import Topology, TrainSpec
 from replibench.engine.regimes import Regime, Sync
-from replibench.engine.replicator import per_replica_batch_size
 from replibench.errors import UserError
 from replibench.inputs import shown
 from replibench.workloads import precision as precision_lib
-from replibench.workloads.base import TrainSpec, Workload
+from replibench.workloads.base import Workload
 
 
 @gin.configurable(module="replibench")
@@ -44,11 +43,15 @@ class Experiment:
   inject_slowdown: float = 0.0
 
   def __post_init__(self):
-    """The one validation of a config, shared by `replibench plan` and `run`."""
+    """The one validation of a config, shared by `replibench plan` and `run`; builds
+    the run's one TrainSpec."""
     self._check_types()
     self._check_values()
     try:
-      per_replica_batch_size(self.global_batch_size, self.topology.num_replicas)
+      self._spec = TrainSpec(
+          global_batch_size=self.global_batch_size, num_replicas=self.topology.num_replicas,
+          seed=self.seed, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
+          regime=self.regime, precision=self.precision, steps_per_call=self.steps_per_call)
     except UserError as e:
       raise UserError(f"Experiment.global_batch_size = {self.global_batch_size} with "
                       f"{self.topology.describe()}: {e}") from None
@@ -139,9 +142,6 @@ class Experiment:
   def checkpoint_every_steps(self) -> int:
     return self._steps(self.checkpoint_every_epochs)
 
-  def train_spec(self, num_replicas: int | None = None) -> TrainSpec:
-    return TrainSpec(global_batch_size=self.global_batch_size,
-                     num_replicas=num_replicas or self.topology.num_replicas,
-                     seed=self.seed, steps_per_epoch=self.steps_per_epoch,
-                     total_steps=self.total_steps, regime=self.regime,
-                     precision=self.precision)
+  def train_spec(self) -> TrainSpec:
+    """The run's step as the replicator, the workload and `plan` read it (built once)."""
+    return self._spec

@@ -11,7 +11,8 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 import tensorflow as tf
 
 from replibench.config.experiment import Experiment
-from replibench.engine import communication, layers
+from replibench.engine import layers
+from replibench.engine.measure import communication
 from replibench.workloads import precision as precision_lib
 from replibench.workloads.base import SYNTHETIC_TIME_TO_TARGET
 
@@ -20,43 +21,40 @@ def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
   with layers.recording() as norms:
     experiment.check_models()
-  spec = experiment.train_spec()
-  facts = experiment.workload.describe(spec)
+  spec, workload, topology = experiment.train_spec(), experiment.workload, experiment.topology
+  facts = workload.describe(spec)
   flops = facts.get("train_flops_per_example")
-  topology = experiment.topology
   return {
-      "workload": experiment.workload.name,
+      "workload": workload.name,
       "topology": topology.describe(),
       "scaling_kind": topology.kind,
-      "num_replicas": topology.num_replicas,
+      "num_replicas": spec.num_replicas,
       "devices": topology.describe_devices(),
-      "global_batch_size": experiment.global_batch_size,
-      "per_replica_batch_size": experiment.global_batch_size // topology.num_replicas,
+      "global_batch_size": spec.global_batch_size,
+      "per_replica_batch_size": spec.per_replica_batch_size,
       "parameters": facts.get("parameters"),
       "forward_flops_per_example": facts.get("forward_flops_per_example"),
       "train_flops_per_example": flops,
-      "train_flops_per_step": flops * experiment.global_batch_size if flops else None,
-      "precision": precision_lib.describe(experiment.precision),
+      "train_flops_per_step": flops * spec.global_batch_size if flops else None,
+      "precision": precision_lib.describe(spec.precision),
       "batch_norm": batch_norm(norms),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own
       # formula, applied to the tensors it exchanges).
-      **experiment.regime.describe(facts.get(f"{experiment.regime.exchanges}_tensors"),
-                                   topology.num_replicas),
-      "examples_per_epoch": experiment.workload.examples_per_epoch(),
-      "steps_per_epoch": round(experiment.steps_per_epoch, 2),
+      **spec.regime.describe(facts.get(f"{spec.regime.exchanges}_tensors"), spec.num_replicas),
+      "examples_per_epoch": workload.examples_per_epoch(),
+      "steps_per_epoch": round(spec.steps_per_epoch, 2),
       "train_epochs": experiment.train_epochs,
-      "total_steps": experiment.total_steps,
-      "steps_per_call": experiment.steps_per_call,
+      "total_steps": spec.total_steps,
+      "steps_per_call": spec.steps_per_call,
       "learning_rate": facts.get("learning_rate"),
       "communication": communication_account(experiment),
       "eval_every_steps": experiment.eval_every_steps,
-      "target_metric": experiment.workload.target_metric,
+      "target_metric": workload.target_metric,
       "target": experiment.target,
       # On synthetic data the target is never checked (data/synthetic.py).
-      **({"time_to_target": SYNTHETIC_TIME_TO_TARGET}
-         if experiment.workload.synthetic_data else {}),
-      "seed": experiment.seed,
+      **({"time_to_target": SYNTHETIC_TIME_TO_TARGET} if workload.synthetic_data else {}),
+      "seed": spec.seed,
   }
 
 
@@ -72,22 +70,20 @@ def batch_norm(kinds: set[str]) -> str | None:
 
 def communication_account(experiment: Experiment) -> dict | None:
   """Collectives one replica issues per step, by kind, from a trace of one replica's
-  step (engine/communication.py). The counts do not depend on the replica count;
+  step (engine/measure/communication.py). The counts do not depend on the replica count;
   they include the backward pass's collectives (a forward all-reduce that a gradient
   flows through, such as cross-replica batch norm's, sends again: two per layer)."""
-  workload, regime = experiment.workload, experiment.regime
-  spec = experiment.train_spec()
+  workload, spec = experiment.workload, experiment.train_spec()
   workload.build_learner(spec)
-  per_replica = experiment.global_batch_size // experiment.topology.num_replicas
-  element = workload.element_spec(per_replica)
+  element = workload.element_spec(spec.per_replica_batch_size)
   if element is None:
     return None
-  step = tf.function(lambda batch: {**workload.step_fn(batch), **regime.step_metrics()})
+  # The replica step the replicator runs: step_fn, its regime's metrics among its outputs.
+  step = tf.function(workload.step_fn)
   with communication.Ledger() as ledger:
     outputs = step.get_concrete_function(element).structured_outputs
     communication.record("outputs", [tf.zeros([len(outputs)])], cross_replica=True)
-  return communication.summarize(ledger.entries(), experiment.steps_per_call,
-                                 experiment.topology.num_replicas)
+  return communication.summarize(ledger.entries(), spec.steps_per_call, spec.num_replicas)
 
 
 def _human(key: str, value) -> str:

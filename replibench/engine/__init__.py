@@ -2,37 +2,46 @@
 
 Public API (documented in README.md):
   topologies    Local, MultiWorker, Tpu
-  make_replicator(topology, regime) -> Replicator (lockstep) or ps.AsyncReplicator;
-                both: scope(), distribute(input_fn, B), run(step_fn, ...), reduce(...),
-                compile(step_fn, input_fn, B, steps_per_call)
+  TrainSpec     the run's step, built once by config/ and read by the replicator and
+                the workload (batch per replica, steps per call, regime, precision)
+  make_replicator(topology, regime) -> a BaseReplicator (interface.py): Replicator
+                (lockstep), ps.AsyncReplicator or ps.BackupReplicator; scope(),
+                distribute(input_fn, spec), run(step_fn, ...), reduce(...),
+                compile(step_fn, input_fn, spec) -> a BaseStep
+  process_role(topology, regime) -> Role: whether this process trains or serves, and
+                whether it is the chief
   collectives   all_reduce, all_gather, broadcast, pair_all_reduce, permute, replica_id,
                 num_replicas
   aggregation   average_loss, all_reduce_gradients, sync_apply_gradients(_jointly)
-  regimes       Sync (default), LocalSGD, Compressed, Gossip, GradientTracking (LocalSGD's
-                average may be a Gossip: SwarmSGD); ps.AsyncPS: what
-                regime.build_optimizer / regime.apply_gradients do
+  regimes       Sync (default), LocalSGD, Compressed, Gossip, GradientTracking, AsyncPS,
+                BackupPS: regime.build_optimizer, metrics = regime.apply_gradients(...)
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
-  cost          parameter_count, graph_flops, forward_flops, gradient_bytes
+  measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes)
 
-Dependencies inside the engine point down: collectives and cluster import no
-other engine module; aggregation uses collectives; regimes use aggregation;
-the replicators use regimes and topology; factory picks a replicator.
+Dependencies inside the engine point down: cluster imports no other engine module,
+collectives only fusion and measure (which imports none); aggregation uses
+collectives; regimes use aggregation; spec and interface use the regimes; the
+replicators implement interface; factory picks a replicator.
 """
 
 from replibench.engine.aggregation import (all_reduce_gradients, apply_reduced, average_loss,
                                            sync_apply_gradients, sync_apply_gradients_jointly)
 from replibench.engine.collectives import (all_gather, all_reduce, broadcast, num_replicas,
                                            pair_all_reduce, permute, replica_id)
-from replibench.engine.factory import make_replicator
+from replibench.engine.factory import Role, make_replicator, process_role
+from replibench.engine.interface import BaseReplicator, BaseStep
 from replibench.engine.layers import (CrossReplicaBatchNorm, PerReplicaBatchNorm,
                                       cross_replica_batch_norm, per_replica_batch_norm)
-from replibench.engine.replicator import CompiledStep, InputContext, Replicator
+from replibench.engine.regimes.step_metrics import StepMetrics
+from replibench.engine.replicator import CompiledStep, Replicator
+from replibench.engine.spec import InputContext, TrainSpec
 from replibench.engine.topology import Local, MultiWorker, Topology, Tpu
 
 __all__ = [
     "all_gather", "all_reduce", "all_reduce_gradients", "apply_reduced", "average_loss",
-    "broadcast", "CompiledStep", "CrossReplicaBatchNorm", "cross_replica_batch_norm",
-    "InputContext", "Local", "make_replicator", "MultiWorker", "num_replicas", "pair_all_reduce",
-    "PerReplicaBatchNorm", "per_replica_batch_norm", "permute", "replica_id", "Replicator",
-    "sync_apply_gradients", "sync_apply_gradients_jointly", "Topology", "Tpu",
+    "BaseReplicator", "BaseStep", "broadcast", "CompiledStep", "CrossReplicaBatchNorm",
+    "cross_replica_batch_norm", "InputContext", "Local", "make_replicator", "MultiWorker",
+    "num_replicas", "pair_all_reduce", "PerReplicaBatchNorm", "per_replica_batch_norm",
+    "permute", "process_role", "replica_id", "Replicator", "Role", "StepMetrics",
+    "sync_apply_gradients", "sync_apply_gradients_jointly", "Topology", "Tpu", "TrainSpec",
 ]

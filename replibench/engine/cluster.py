@@ -46,6 +46,12 @@ class Cluster:
     return self.count("worker") + self.count("chief")
 
   @property
+  def replica_processes(self) -> int:
+    """Processes whose replicas split the global batch: the workers of a parameter-server
+    cluster (its chief coordinates), every training process of a synchronous one."""
+    return self.count("worker") if self.count("ps") else self.training_processes
+
+  @property
   def worker_index(self) -> int:
     """This process's index among the training processes (the chief first)."""
     if self.task_type == "chief":

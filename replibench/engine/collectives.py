@@ -10,7 +10,7 @@ updates the parameter servers on its own) declares what its step_fn sees with
 `replica_group(...)` while it builds the step; these functions then ask that
 group instead of the ReplicaContext. Nothing here knows of training regimes.
 Each call is recorded, with the kind its caller names, in the communication
-account of the step being traced (engine/communication.py).
+account of the step being traced (engine/measure/communication.py).
 
 `pair_all_reduce` is the neighbour exchange: TensorFlow's V2 collective ops
 (CollectiveReduceV2) take their group as run-time tensors, so two replicas
@@ -26,7 +26,8 @@ import weakref
 
 import tensorflow as tf
 
-from replibench.engine import communication, fusion
+from replibench.engine import fusion
+from replibench.engine.measure import communication
 
 _REDUCE_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 _GATHER_OPS = {"max": tf.reduce_max, "min": tf.reduce_min}
@@ -112,7 +113,7 @@ def all_reduce(x, op: str = "sum", kind: str = "other"):
   all-reduce (a nest is packed into one collective); max and min (which
   tf.distribute.ReduceOp lacks) gather one value per replica and reduce
   locally, which is exact for every dtype. kind names the collective in the
-  step's communication account (engine/communication.py).
+  step's communication account (engine/measure/communication.py).
   """
   if op in _REDUCE_OPS:
     communication.record(kind, x)

@@ -3,56 +3,30 @@
     replicator = Replicator(topology.Local(num_replicas=4))
     with replicator.scope():
       model, optimizer = build()
-    train = replicator.compile(step_fn, input_fn, global_batch_size=256, steps_per_call=10)
+    train = replicator.compile(step_fn, input_fn, 256, steps_per_call=10)   # or a TrainSpec
     metrics = train()   # 10 replicated steps in one tf.function graph
 
 `step_fn(batch)` is written for one replica; inside it the collectives in
 `replibench.engine.collectives` and the regime's `apply_gradients` talk to the
-other replicas. `input_fn(ctx)` builds one input pipeline at the per-replica
-batch size given by `ctx`. This replicator is synchronous (the Mirrored
-strategies and TPUStrategy); engine/ps has the asynchronous one, and
-engine.make_replicator picks.
+other replicas (step_fn returns the metrics apply_gradients returns).
+`input_fn(ctx)` builds one input pipeline at the per-replica batch size given by
+`ctx`. This replicator is synchronous (the Mirrored strategies and TPUStrategy);
+engine/ps has the parameter-server ones, and engine.make_replicator picks.
 """
 
-import contextlib
-import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster, collectives, communication
-from replibench.engine.regimes.base import Regime, Sync
+from replibench.engine import cluster, collectives
+from replibench.engine.interface import BaseReplicator, BaseStep
+from replibench.engine.measure import communication
+from replibench.engine.regimes.base import Regime
+from replibench.engine.spec import InputContext, TrainSpec
 from replibench.engine.topology import Topology
-from replibench.errors import UserError
 
 
-@dataclasses.dataclass(frozen=True)
-class InputContext:
-  """What `input_fn` needs to build one pipeline of the replicated input."""
-
-  per_replica_batch_size: int
-  input_pipeline_id: int
-  num_input_pipelines: int
-  num_replicas: int
-  start_step: int = 0   # Global steps already trained: a resumed pipeline skips their data.
-
-  @property
-  def replicas_per_pipeline(self) -> int:
-    """Replicas that take their batches, one after another, from this pipeline."""
-    return self.num_replicas // self.num_input_pipelines
-
-
-def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
-  """Splits the global batch evenly; the math must not depend on the split."""
-  if global_batch_size % num_replicas:
-    raise UserError(
-        f"The global batch size {global_batch_size} does not divide over {num_replicas} "
-        f"replicas; choose a multiple of {num_replicas} (e.g. "
-        f"{global_batch_size - global_batch_size % num_replicas or num_replicas}).")
-  return global_batch_size // num_replicas
-
-
-class CompiledStep:
+class CompiledStep(BaseStep):
   """k replicated training steps in one tf.function; call it to run them.
 
   Returns the step outputs (a dict of scalars) averaged over replicas and over
@@ -69,12 +43,11 @@ class CompiledStep:
   per output and step.
   """
 
-  def __init__(self, replicator: "Replicator", replica_fn, dataset, steps_per_call: int):
-    self.replicator = replicator
-    self.steps_per_call = steps_per_call
+  def __init__(self, replicator: "Replicator", step_fn, dataset, spec: TrainSpec):
+    super().__init__(replicator, spec)
     self.iterator = iter(dataset)
     strategy = replicator.strategy
-    self._replicated = tf.function(lambda batch: strategy.run(replica_fn, args=(batch,)))
+    self._replicated = tf.function(lambda batch: strategy.run(step_fn, args=(batch,)))
     self._fn = tf.function(self._steps)
 
   def _steps(self):
@@ -95,20 +68,12 @@ class CompiledStep:
                                  step.structured_outputs)
 
   def trace(self) -> None:
-    """Builds the graph without running a step (part of init, not of the timed run),
-    recording the step's collectives for communication()."""
+    """Builds the graph, recording the step's collectives for communication()."""
     with communication.Ledger() as ledger:
       self._fn.get_concrete_function()
     self._ledger = ledger
 
   def communication(self, time_collectives: bool = True, wire_counter=None) -> dict:
-    """The step's communication account (engine/communication.py); after trace().
-
-    time_collectives runs the step's collectives alone a few times: on a
-    multi-worker cluster every worker must call this together. wire_counter (a
-    callable: bytes sent so far on the cluster's link) also measures the
-    transfers' protocol overhead during those runs.
-    """
     entries = self._ledger.entries()
     account = communication.summarize(entries, self.steps_per_call,
                                       self.replicator.num_replicas)
@@ -139,13 +104,11 @@ def _add(a, b):
   return tf.nest.map_structure(tf.add, a, b)
 
 
-class Replicator:
+class Replicator(BaseReplicator):
   """Replicates single-device training code over a topology's replicas, in lockstep."""
 
   def __init__(self, topology: Topology, regime: Regime | None = None):
-    self.topology = topology
-    self.regime = regime or Sync()
-    self.regime.check(topology)
+    super().__init__(topology, regime)
     self.strategy = topology.make_strategy()
 
   @property
@@ -153,55 +116,25 @@ class Replicator:
     return self.strategy.num_replicas_in_sync
 
   @property
-  def _multi_worker(self) -> bool:
-    return isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
-
-  @property
   def num_workers(self) -> int:
     """Processes that run replicas."""
-    return cluster.current().training_processes if self._multi_worker else 1
-
-  @property
-  def is_chief(self) -> bool:
-    """True on the one process that writes summaries, results and checkpoints."""
-    return cluster.current().is_chief if self._multi_worker else True
-
-  @contextlib.contextmanager
-  def scope(self):
-    """Variables (models, optimizers, metrics) created here are replicated."""
-    with self.strategy.scope():
-      yield
+    multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    return cluster.current().training_processes if multi_worker else 1
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
-                 global_batch_size: int, start_step: int = 0):
+                 spec: TrainSpec | int, start_step: int = 0):
     """A distributed dataset: each replica gets its own per-replica batch."""
-    per_replica = per_replica_batch_size(global_batch_size, self.num_replicas)
+    spec = self.as_spec(spec)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      return input_fn(InputContext(per_replica, tf_ctx.input_pipeline_id,
-                                   tf_ctx.num_input_pipelines, self.num_replicas, start_step))
+      return input_fn(spec.input_context(tf_ctx.input_pipeline_id, tf_ctx.num_input_pipelines,
+                                         start_step))
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
   def run(self, step_fn: Callable, *args, **kwargs) -> Any:
-    """Runs step_fn once on every replica; returns per-replica results.
-
-    If step_fn returns a dict, the regime's own per-step scalars ('regime/...')
-    are added to it.
-    """
-    return self.strategy.run(self.replica_step(step_fn), args=args, kwargs=kwargs)
-
-  def replica_step(self, step_fn: Callable) -> Callable:
-    """step_fn as each replica runs it: followed by the regime's metrics."""
-    regime = self.regime
-
-    def replica_fn(*args, **kwargs):
-      outputs = step_fn(*args, **kwargs)
-      if isinstance(outputs, dict):
-        outputs = {**outputs, **regime.step_metrics()}
-      return outputs
-
-    return replica_fn
+    """Runs step_fn once on every replica; returns per-replica results."""
+    return self.strategy.run(step_fn, args=args, kwargs=kwargs)
 
   def reduce(self, values, op: str = "mean"):
     """Per-replica results to host values: 'sum', 'mean' or 'concat'.
@@ -234,13 +167,8 @@ class Replicator:
         results[i] = tf.reshape(part, shape)
     return results
 
-  def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
-              steps_per_call: int = 1, start_step: int = 0) -> CompiledStep:
-    """Runs steps_per_call replicated steps of step_fn per call, in one graph."""
-    if steps_per_call < 1:
-      raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
-    dataset = self.distribute(input_fn, global_batch_size, start_step)
-    return CompiledStep(self, self.replica_step(step_fn), dataset, steps_per_call)
+  def _compile(self, step_fn, input_fn, spec, start_step) -> CompiledStep:
+    return CompiledStep(self, step_fn, self.distribute(input_fn, spec, start_step), spec)
 
 
 def _flat_concat(*tensors):

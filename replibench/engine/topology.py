@@ -93,7 +93,7 @@ class MultiWorker(Topology):
   def num_replicas(self) -> int:
     workers = self.workers
     if not workers and cluster.present():
-      workers = cluster.current().count("worker")
+      workers = cluster.current().replica_processes
     return max(workers, 1) * self.replicas_per_worker
 
   def is_chief(self) -> bool:

@@ -11,7 +11,6 @@ writes result.json again.
 
 import contextlib
 import math
-import os
 import time
 
 import gin
@@ -21,8 +20,9 @@ from absl import logging
 
 from replibench import engine, results
 from replibench.config.experiment import Experiment
-from replibench.engine import noise_scale
-from replibench.harness import outcome, progress, provenance, throughput, wire
+from replibench.engine import ps
+from replibench.engine.measure import noise_scale
+from replibench.harness import netns, outcome, progress, provenance, throughput, wire
 from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
@@ -32,26 +32,27 @@ from replibench.harness.state import RunState, StateVariable
 class _Run:
   """One session of one experiment in one workdir (a resume is a new session)."""
 
-  def __init__(self, experiment: Experiment, workdir: str, max_steps: int | None):
+  def __init__(self, experiment: Experiment, workdir: str, max_steps: int | None,
+               role: engine.Role):
     self.experiment, self.workdir = experiment, workdir
-    self.workload = experiment.workload
+    # The run's step, as the replicator and the workload read it.
+    self.workload, self.spec = experiment.workload, experiment.train_spec()
     self.init_start = time.monotonic()
-    self.replicator = engine.make_replicator(experiment.topology, experiment.regime)
+    self.replicator = engine.make_replicator(experiment.topology, self.spec.regime)
     # The machine's speed, before the workload starts anything that shares the cores
     # (D4PG's actors made it 20% noisier); not part of init.
     calibration_start = time.monotonic()
     self.calibration = provenance.calibrate()
     self.init_start += time.monotonic() - calibration_start
     experiment.check_models()   # The same model check as `plan`, once the devices exist.
-    self.chief = self.replicator.is_chief
-    self.spec = experiment.train_spec(self.replicator.num_replicas)
+    self.chief = role.is_chief
     # Synthetic data: no target, never evaluated; the plan's FLOPs (not part of init).
     self.synthetic = self.workload.synthetic_data
     flops_start = time.monotonic()
     self.flops_per_example = (throughput.train_flops_per_example(self.workload, self.spec)
                               if self.synthetic else None)
     self.init_start += time.monotonic() - flops_start
-    self.limit = min(experiment.total_steps, max_steps or experiment.total_steps)
+    self.limit = min(self.spec.total_steps, max_steps or self.spec.total_steps)
     self.mllog = MLPerfLog(workdir, enabled=self.chief)   # Buffered until init succeeds.
     self.mllog.start(MLC.INIT_START)
     with self.replicator.scope():
@@ -68,9 +69,8 @@ class _Run:
     if restored:
       logging.info("Resuming %s at step %d (%.1f s of timed run so far).", restored,
                    int(self.step.numpy()), float(self.elapsed.numpy()))
-    self.train = self.replicator.compile(
-        self.workload.step_fn, self.workload.input_fn, experiment.global_batch_size,
-        experiment.steps_per_call, start_step=int(self.step.numpy()))
+    self.train = self.replicator.compile(self.workload.step_fn, self.workload.input_fn,
+                                         self.spec, start_step=int(self.step.numpy()))
     self.train.trace()
     # Every worker takes part; in a launched cluster the link's counter is read too.
     self.communication = self.train.communication(wire_counter=wire.counter())
@@ -84,12 +84,12 @@ class _Run:
     self.summaries = Summaries(workdir, enabled=self.chief)
 
   def _log_run_facts(self) -> None:
-    exp, spec = self.experiment, self.spec
+    spec = self.spec
     self.mllog.submission(self.workload.mlperf_benchmark or self.workload.name,
                           provenance.platform_name())
     self.mllog.event(MLC.CACHE_CLEAR, False)   # Nothing drops the OS caches between runs.
-    self.mllog.event(MLC.GLOBAL_BATCH_SIZE, exp.global_batch_size)
-    self.mllog.event(MLC.SEED, exp.seed)
+    self.mllog.event(MLC.GLOBAL_BATCH_SIZE, spec.global_batch_size)
+    self.mllog.event(MLC.SEED, spec.seed)
     self.mllog.event(MLC.TRAIN_SAMPLES, self.workload.examples_per_epoch())
     self.mllog.event(MLC.EVAL_SAMPLES, self.workload.eval_examples())
     for key, value in self.workload.mlperf_hyperparameters(spec).items():
@@ -127,7 +127,7 @@ class _Run:
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     self.wire = wire.WireMeter(int(self.step.numpy()))
     self.noise_window = {}   # Sums of the noise-scale norms since the last log line.
-    meter = progress.Meter(int(self.step.numpy()), self.limit, self.experiment.global_batch_size)
+    meter = progress.Meter(int(self.step.numpy()), self.limit, self.spec.global_batch_size)
     status, reached_at = self._train(meter, elapsed)
     self.elapsed.assign(elapsed())
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
@@ -135,26 +135,25 @@ class _Run:
                              "calibration": self.calibration}
     if self.synthetic:
       self.state.throughput["record"] = throughput.record(
-          meter.examples_per_s(), self.experiment.global_batch_size,
-          self.replicator.num_replicas, self.replicator.num_workers,
-          throughput.replica_devices(self.replicator), self.flops_per_example,
-          self.calibration)
-    if status != results.BUDGET_EXHAUSTED or int(self.step.numpy()) >= self.experiment.total_steps:
+          meter.examples_per_s(), self.spec.global_batch_size, self.spec.num_replicas,
+          self.replicator.num_workers, throughput.replica_devices(self.replicator),
+          self.flops_per_example, self.calibration)
+    if status != results.BUDGET_EXHAUSTED or int(self.step.numpy()) >= self.spec.total_steps:
       self.state.status, self.state.reached_at = status, reached_at   # Final: in the checkpoint.
     self.save()
     self.mllog.end(MLC.RUN_STOP, status="success" if status == results.REACHED else "aborted")
     return self._result(status)
 
   def _train(self, meter, elapsed) -> tuple[str, int | None]:
-    exp = self.experiment
+    exp, steps_per_call = self.experiment, self.spec.steps_per_call
     self.mllog.block_start(self._samples())
     while int(self.step.numpy()) < self.limit:
       t0 = time.monotonic()
       outputs = self.train()
       if exp.inject_slowdown:   # s / (1 - s) of the call's time removes s of examples/s.
         time.sleep((time.monotonic() - t0) * exp.inject_slowdown / (1 - exp.inject_slowdown))
-      step = int(self.step.assign_add(exp.steps_per_call).numpy())
-      meter.trained(exp.steps_per_call, time.monotonic() - t0)
+      step = int(self.step.assign_add(steps_per_call).numpy())
+      meter.trained(steps_per_call, time.monotonic() - t0)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)
@@ -162,7 +161,7 @@ class _Run:
       if not math.isfinite(float(outputs["loss"])):
         logging.error("Diverged at step %d: loss is %s.", step, float(outputs["loss"]))
         return results.DIVERGED, None
-      if step % exp.log_every_steps < exp.steps_per_call:
+      if step % exp.log_every_steps < steps_per_call:
         self._log_train(step, outputs, meter, elapsed())
       if not self.synthetic and (step % exp.eval_every_steps == 0 or step >= self.limit):
         self.mllog.block_stop(self._samples())
@@ -181,7 +180,7 @@ class _Run:
     return results.BUDGET_EXHAUSTED, None
 
   def _samples(self) -> int:
-    return int(self.step.numpy()) * self.experiment.global_batch_size
+    return int(self.step.numpy()) * self.spec.global_batch_size
 
   def _log_train(self, step: int, outputs: dict, meter, now: float) -> None:
     values = {f"train/{k}": float(v) for k, v in outputs.items()}
@@ -203,10 +202,10 @@ class _Run:
     """{'train/noise_scale/b_simple': B_simple over the steps since the last log}."""
     means = {k: total / count for k, (total, count) in self.noise_window.items()}
     self.noise_window = {}
-    found = outcome.noise_record(means, self.experiment.global_batch_size,
-                                 self.replicator.num_replicas)
-    return ({"train/noise_scale/b_simple": found["b_simple"]}
-            if found and found["b_simple"] is not None else {})
+    found = outcome.noise_record(means, self.spec.per_replica_batch_size,
+                                 self.spec.global_batch_size)
+    return ({"train/noise_scale/b_simple": found.b_simple}
+            if found is not None and found.b_simple is not None else {})
 
   def _evaluate(self, step: int, elapsed) -> float:
     epoch = round(step / self.spec.steps_per_epoch, 4)
@@ -230,8 +229,43 @@ class _Run:
                  now, self.workload.target_metric, value, self.experiment.target)
     return value
 
+  def facts(self) -> outcome.RunFacts:
+    """This session's facts, for outcome.make_result (read at the session's end)."""
+    exp, spec, state, workload = self.experiment, self.spec, self.state, self.workload
+    measured = state.throughput or {}   # This session's throughput (RunState).
+    meter = getattr(self, "wire", None)   # None: the checkpoint held a finished run.
+    return outcome.RunFacts(
+        workload=workload.name, target_metric=workload.target_metric,
+        higher_is_better=workload.higher_is_better, target=exp.target,
+        topology=exp.topology.describe(), scaling_kind=exp.topology.kind,
+        num_workers=self.replicator.num_workers, num_replicas=spec.num_replicas,
+        global_batch_size=spec.global_batch_size,
+        per_replica_batch_size=spec.per_replica_batch_size,
+        steps_per_epoch=spec.steps_per_epoch, seed=spec.seed, regime=spec.regime.hparams(),
+        hparams=outcome.hparams(spec, exp.topology, workload,
+                                netns.rate() if netns.inside() else None),
+        budget=results.Budget(spec.total_steps, self.limit),
+        operative_config=self.operative_config, **provenance.versions(),
+        final_step=int(self.step.numpy()), elapsed_s=float(self.elapsed.numpy()),
+        init_s=self.init_s, curve=state.curve, last_eval=state.last_eval,
+        at_target=state.at_target, reached_at=state.reached_at,
+        regime_means=state.regime_means(),
+        eval_s=state.eval_time[0] / state.eval_time[1] if state.eval_time[1] else None,
+        sessions=state.sessions, examples_per_s=measured.get("examples_per_s"),
+        first_call_s=measured.get("first_call_s"), communication=self.communication,
+        network=self._network(meter) if meter is not None else None,
+        machine=results.Machine(**provenance.machine(measured.get("calibration"))),
+        throughput=results.Throughput.of(measured["record"]) if "record" in measured else None)
+
+  def _network(self, meter: wire.WireMeter) -> results.Network | None:
+    """Bytes the cluster put on its wire this session, beside what the account predicts."""
+    steps = int(self.step.numpy()) - self.state.sessions[-1]["start_step"]
+    record = meter.record(steps, wire.expected_per_step(self.communication,
+                                                        self.spec.num_replicas))
+    return None if record is None else results.Network.of(record)
+
   def _result(self, status: str | None = None) -> results.RunResult:
-    result = outcome.make_result(self, status or self.state.status)
+    result = outcome.make_result(self.facts(), status or self.state.status)
     self.summaries.outcome(result)
     return result
 
@@ -246,22 +280,26 @@ def run_experiment(experiment: Experiment, workdir: str,
                    max_steps: int | None = None) -> results.RunResult:
   """Runs (or resumes) experiment in workdir; writes and returns its result.json.
 
-  A workdir whose result.json is final is left alone (its result is returned).
+  A workdir whose result.json is final is left alone (its result is returned). On a
+  parameter-server cluster's worker or ps task it serves the chief and never returns.
   Bad input (UserError) leaves nothing behind; a failure after init writes a
   result with status 'failed', and the next run resumes from the checkpoint.
   """
-  chief = experiment.topology.is_chief()
+  role = engine.process_role(experiment.topology, experiment.regime)
+  if not role.trains:   # A parameter-server cluster's worker or ps task: it serves the chief.
+    ps.serve(experiment.topology)
+  chief = role.is_chief
   with workdir_lib.owned(workdir, chief=chief):
     previous = _previous_result(workdir) if chief else None
     if previous is not None and _complete(previous):
       logging.info("%s is complete (status %s); nothing to do.", workdir, previous.status)
       return previous
-    run = _Run(experiment, workdir, max_steps)   # Bad input fails here, writing nothing.
+    run = _Run(experiment, workdir, max_steps, role)   # Bad input fails here, writing nothing.
     try:
       result = run.run()
     except Exception as e:
       if run.chief:
-        results.write(workdir, outcome.failed_result(run, e))
+        results.write(workdir, outcome.failed_result(run.facts(), e))
       raise
     finally:
       run.close()
@@ -282,5 +320,5 @@ def _previous_result(workdir: str) -> results.RunResult | None:
 
 def _complete(result: results.RunResult) -> bool:
   return (result.status in (results.REACHED, results.DIVERGED)
-          or (result.status == results.BUDGET_EXHAUSTED
-              and result.final_step >= result.budget.get("total_steps", math.inf)))
+          or (result.status == results.BUDGET_EXHAUSTED and result.budget is not None
+              and result.final_step >= result.budget.total_steps))

@@ -17,8 +17,8 @@ Beside it the record states what the step's communication account predicts (the
 collectives traced in the step, backward pass included, with the ring algorithms'
 factors, plus the protocol overhead per transfer and per collective op and call,
 measured on this link while the step's collectives ran alone at init:
-engine/communication.py), so measured and expected sit side by side. Outside a
-launched namespace (a single process, or TF_CONFIG set by a cluster launcher) there
+engine/measure/communication.py), so measured and expected sit side by side. Outside
+a launched namespace (a single process, or TF_CONFIG set by a cluster launcher) there
 is no private wire to count, and the run has no `network` record.
 """
 

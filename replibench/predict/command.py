@@ -8,7 +8,7 @@ from replibench.config.plan import make_plan
 from replibench import inputs
 from replibench.errors import UserError
 from replibench.predict import predictor
-from replibench.predict.hardware import DeviceProfile
+from replibench.predict.hardware import DeviceProfile   # Registers predict.DeviceProfile with gin.
 
 EFFICIENCY_DIR = os.path.join(gin_loader.REPO_ROOT, "results", "predict")
 

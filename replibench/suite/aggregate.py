@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from replibench import results
 from replibench.results import RunResult
 
 OLYMPIC_MIN_SEEDS = 5  # MLPerf: at least 5 runs, drop fastest and slowest.
@@ -78,7 +79,7 @@ class SeedRun:
 
   @property
   def converged(self) -> bool:
-    return self.status == "reached" and self.time_to_target_s is not None
+    return self.status == results.REACHED and self.time_to_target_s is not None
 
 
 @dataclasses.dataclass
@@ -117,7 +118,7 @@ class ConfigRow:
 def seed_run(trial: str, result: RunResult) -> SeedRun:
   return SeedRun(
       seed=result.seed, status=result.status, trial=trial,
-      time_to_target_s=result.time_to_target_s if result.status == "reached" else None,
+      time_to_target_s=result.time_to_target_s if result.converged else None,
       steps_to_target=result.steps_to_target, epochs_to_target=result.epochs_to_target,
       examples_per_s=result.examples_per_s, final_metric=result.final_metric,
       total_s=result.total_s, curve=[list(p) for p in result.curve],
@@ -127,14 +128,14 @@ def seed_run(trial: str, result: RunResult) -> SeedRun:
 
 def _wire_bytes_per_worker(result: RunResult) -> float | None:
   """The cluster's measured bytes on the wire per step, per worker task."""
-  per_step = (result.network or {}).get("bytes_on_wire_per_step")
+  per_step = result.network.bytes_on_wire_per_step if result.network else None
   return None if per_step is None else per_step / max(result.num_workers, 1)
 
 
 def summarize(row: ConfigRow) -> None:
   """Fills the row's statistics from its seeds."""
   converged = [s for s in row.seeds if s.converged]
-  finished = [s for s in row.seeds if s.status != "failed"]
+  finished = [s for s in row.seeds if s.status != results.FAILED]
   row.time_to_target_s = time_stats([s.time_to_target_s for s in converged])
   row.steps_to_target = mean_stats([s.steps_to_target for s in converged])
   row.epochs_to_target = mean_stats([s.epochs_to_target for s in converged])

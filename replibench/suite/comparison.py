@@ -38,6 +38,7 @@ import numpy as np
 from scipy import stats
 
 from replibench.errors import UserError
+from replibench.results import FAILED
 from replibench.suite import report as report_lib
 from replibench.suite import aggregate
 from replibench.suite.aggregate import ConfigRow
@@ -189,7 +190,7 @@ def _sample(row: ConfigRow, metric: str) -> list[float]:
   if metric in ("time_to_target_s", "steps_to_target"):
     seeds = [s for s in row.seeds if s.converged]
   else:
-    seeds = [s for s in row.seeds if s.status != "failed"]
+    seeds = [s for s in row.seeds if s.status != FAILED]
   return [getattr(s, metric) for s in seeds if getattr(s, metric) is not None]
 
 

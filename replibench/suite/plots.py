@@ -67,63 +67,63 @@ def _save(fig, out_dir: str, name: str) -> str:
   return name
 
 
+def _save_over_replicas(fig, ax, report, ylabel: str, title: str, out_dir: str,
+                        name: str) -> str:
+  """Labels a plot against the replica count (from 0 up) and saves it as name."""
+  _replica_axis(ax, report.configs)
+  ax.set_ylabel(ylabel)
+  ax.set_ylim(bottom=0)
+  ax.set_title(f"{report.workload}: {title}")
+  ax.legend(fontsize=8)
+  return _save(fig, out_dir, name)
+
+
 def _label(key: str) -> str:
   kind = key.split(",")[0]
   return key.replace(kind, f"{kind} ({aggregate.SCALING_KINDS[kind]})", 1) \
       if kind in aggregate.SCALING_KINDS else key
 
 
-def plot_time_to_target(report, out_dir: str) -> str:
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+def _metric_lines(ax, report, metric: str):
+  """One errorbar line (mean and std of metric against the replicas) per series of the
+  report's configs; yields (key, its rows with the metric, their x positions, the line)."""
   lines = series(report.configs)
   for i, (key, rows) in enumerate(lines.items()):
-    done = [r for r in rows if r.time_to_target_s]
+    done = [r for r in rows if getattr(r, metric)]
     if not done:
       continue
     dx = _dodge(i, len(lines))
     xs = [r.num_replicas * dx for r in done]
-    line = ax.errorbar(xs, [r.time_to_target_s.mean for r in done],
-                       yerr=[r.time_to_target_s.std for r in done], marker="o", capsize=4,
+    line = ax.errorbar(xs, [getattr(r, metric).mean for r in done],
+                       yerr=[getattr(r, metric).std for r in done], marker="o", capsize=4,
                        label=_label(key))
-    for r in done:
+    yield key, done, xs, line
+
+
+def plot_time_to_target(report, out_dir: str) -> str:
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for _, done, xs, line in _metric_lines(ax, report, "time_to_target_s"):
+    for r, x in zip(done, xs):
       seeds = [s.time_to_target_s for s in r.seeds if s.converged]
-      ax.scatter([r.num_replicas * dx] * len(seeds), seeds, s=12, alpha=0.5,
-                 color=line.lines[0].get_color())
+      ax.scatter([x] * len(seeds), seeds, s=12, alpha=0.5, color=line.lines[0].get_color())
       if r.converged < r.n:
-        ax.annotate(f"{r.converged}/{r.n} converged",
-                    (r.num_replicas * dx, r.time_to_target_s.mean),
+        ax.annotate(f"{r.converged}/{r.n} converged", (x, r.time_to_target_s.mean),
                     textcoords="offset points", xytext=(6, 6), fontsize=8)
-  _replica_axis(ax, report.configs)
-  ax.set_ylabel("time to target (s)")
-  ax.set_ylim(bottom=0)
-  ax.set_title(f"{report.workload}: time to {report.target_metric} {report.target}")
-  ax.legend(fontsize=8)
-  return _save(fig, out_dir, "time_to_target.png")
+  return _save_over_replicas(fig, ax, report, "time to target (s)",
+                             f"time to {report.target_metric} {report.target}",
+                             out_dir, "time_to_target.png")
 
 
 def plot_throughput(report, out_dir: str) -> str:
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  lines = series(report.configs)
-  for i, (key, rows) in enumerate(lines.items()):
-    done = [r for r in rows if r.examples_per_s]
-    if not done:
-      continue
-    dx = _dodge(i, len(lines))
-    xs = [r.num_replicas * dx for r in done]
-    line = ax.errorbar(xs, [r.examples_per_s.mean for r in done],
-                       yerr=[r.examples_per_s.std for r in done], marker="o", capsize=4,
-                       label=_label(key))
+  for key, done, xs, line in _metric_lines(ax, report, "examples_per_s"):
     one = next((r for r in done if r.num_replicas == 1), None)
     if one is not None and len(done) > 1:
       ax.plot(xs, [one.examples_per_s.mean * r.num_replicas for r in done], linestyle="--",
               linewidth=1, color=line.lines[0].get_color(), alpha=0.6,
               label=f"ideal linear scaling ({key})")
-  _replica_axis(ax, report.configs)
-  ax.set_ylabel("training examples/s")
-  ax.set_ylim(bottom=0)
-  ax.set_title(f"{report.workload}: training throughput")
-  ax.legend(fontsize=8)
-  return _save(fig, out_dir, "throughput.png")
+  return _save_over_replicas(fig, ax, report, "training examples/s", "training throughput",
+                             out_dir, "throughput.png")
 
 
 def plot_curves(report, out_dir: str) -> str:

@@ -123,7 +123,7 @@ def _calibration(found: list[tuple[str, RunResult]]) -> dict[str, float] | None:
   """Per-key median of the trials' calibrations (None if no trial recorded one)."""
   values: dict[str, list[float]] = {}
   for _, result in found:
-    for key, value in (result.machine.get("calibration") or {}).items():
+    for key, value in ((result.machine or {}).get("calibration") or {}).items():
       values.setdefault(key, []).append(float(value))
   return {k: float(np.median(v)) for k, v in values.items()} or None
 
@@ -153,7 +153,7 @@ def build_report(sweep_dir: str) -> Report:
       configs=rows,
       git_shas=sorted({r.git_sha for _, r in found} - {""}),
       tf_versions=sorted({r.tf_version for _, r in found} - {""}),
-      machine=found[0][1].machine,
+      machine=dataclasses.asdict(found[0][1].machine) if found[0][1].machine else {},
       calibration=_calibration(found), judged=_judged(sweep_dir),
       sweep_dir=os.path.abspath(sweep_dir),
       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

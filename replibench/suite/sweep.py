@@ -26,7 +26,7 @@ from replibench import atomic
 from replibench.suite import hparams_config
 from replibench.suite import results
 from replibench.suite import sweep_file
-from replibench.results import RunResult
+from replibench.results import FAILED, RunResult
 from replibench.suite.sweep_file import Trial
 
 MANIFEST_FILE = results.MANIFEST_FILE
@@ -55,7 +55,7 @@ class SweepOutcome:
 
   @property
   def num_failed(self) -> int:
-    return sum(o.status == "failed" for o in self.outcomes)
+    return sum(o.status == FAILED for o in self.outcomes)
 
 
 def trial_command(trial: Trial, trial_dir: str, cores: int | None = None,
@@ -216,7 +216,7 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
 
   def finish(i: int, trial: Trial, exit_code: int | None, result: RunResult | None) -> None:
     _check_seed_reached_run(trial, result, sweep)
-    status = result.status if result else "failed"
+    status = result.status if result else FAILED
     if result is None:
       note = f" (no result.json; exit code {exit_code}, see {LOG_FILE})"
     else:

@@ -1,39 +1,17 @@
 """The interface between a workload and the harness that drives it."""
 
 import abc
-import dataclasses
 
 import tensorflow as tf
 
-from replibench.engine import InputContext, Replicator
-from replibench.engine.regimes import Regime
+from replibench.engine import BaseReplicator, InputContext, TrainSpec
 
+__all__ = ["SYNTHETIC_TIME_TO_TARGET", "TrainSpec", "Workload"]   # TrainSpec: engine/spec.py
 
 # What result.json, TensorBoard and the plan say of time to target on synthetic data.
 SYNTHETIC_TIME_TO_TARGET = ("undefined: synthetic data (one batch a replica, generated once "
                             "and repeated), so the run reports throughput, step time and "
                             "memory only")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainSpec:
-  """What the compiler fixed about a run, handed to the workload at build time.
-
-  regime: how replicas turn gradients into updates. The workload builds its
-  optimizers with `regime.build_optimizer` and applies gradients with
-  `regime.apply_gradients` (or `apply_gradients_jointly`), never by itself.
-  precision: a Keras dtype policy name (workloads/precision.py): the workload
-  builds its models under `precision.policy_scope`, wraps its optimizers with
-  `precision.wrap_optimizer` and differentiates `precision.scaled(optimizer, loss)`.
-  """
-
-  global_batch_size: int
-  num_replicas: int
-  seed: int
-  steps_per_epoch: float    # Training steps per pass over the training set.
-  total_steps: int          # The budget: the run stops here if the target is not met.
-  regime: Regime            # The replicator's own (its step metrics are read from it).
-  precision: str = "float32"   # 'float32' | 'mixed_bfloat16' | 'mixed_float16'.
 
 
 class Workload(abc.ABC):
@@ -95,10 +73,11 @@ class Workload(abc.ABC):
 
   @abc.abstractmethod
   def step_fn(self, batch) -> dict:
-    """One replica's training step; returns scalar tensors (e.g. {'loss': ...})."""
+    """One replica's training step; returns scalar tensors: its own (e.g. {'loss': ...})
+    and the metrics its regime.apply_gradients calls returned."""
 
   @abc.abstractmethod
-  def evaluate(self, replicator: Replicator) -> dict:
+  def evaluate(self, replicator: BaseReplicator) -> dict:
     """Evaluates the current model: {name: host float}, including target_metric.
 
     Values that are numpy arrays [k, H, W, C] (floats in [0, 1]) are written as
@@ -110,7 +89,7 @@ class Workload(abc.ABC):
   def checkpoint_items(self) -> dict:
     """Trackables to checkpoint (models, optimizers, other state)."""
 
-  def prepare_evaluation(self, replicator: Replicator) -> None:
+  def prepare_evaluation(self, replicator: BaseReplicator) -> None:
     """Builds (traces) what evaluate() runs, during init: tracing must not fall into
     the timed span."""
     del replicator

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from replibench import engine, errors, inputs
-from replibench.engine import cost
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.workloads import precision
 from replibench.workloads.base import TrainSpec, Workload
@@ -108,10 +108,11 @@ class ImageClassification(Workload):
       l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
       loss += self.weight_decay * l2 / engine.num_replicas()
       scaled = precision.scaled(self.optimizer, loss)   # loss itself unless float16
-    self.spec.regime.apply_gradients(self.optimizer, tape.gradient(scaled, variables), variables)
+    metrics = self.spec.regime.apply_gradients(self.optimizer, tape.gradient(scaled, variables),
+                                                variables)
     # `loss` is this replica's share (1/N of its local mean): times N it is the local
     # mean, and the engine averages outputs over replicas (no collective of its own).
-    return {"loss": loss * engine.num_replicas()}
+    return {"loss": loss * engine.num_replicas(), **metrics}
 
   def _eval_step(self, batch):
     images, labels = batch
@@ -120,7 +121,7 @@ class ImageClassification(Workload):
                                              labels), tf.float32))
     return correct, tf.cast(tf.shape(labels)[0], tf.float32)
 
-  def prepare_evaluation(self, replicator: engine.Replicator) -> None:
+  def prepare_evaluation(self, replicator: engine.BaseReplicator) -> None:
     if self.synthetic_data:
       return   # Never evaluated: synthetic data has no test split.
     data = replicator.distribute(self.data.eval, self.eval_batch_size)
@@ -136,7 +137,7 @@ class ImageClassification(Workload):
     eval_all.get_concrete_function()   # Traced in init, not in the timed span.
     self._eval_fn = eval_all
 
-  def evaluate(self, replicator: engine.Replicator) -> dict:
+  def evaluate(self, replicator: engine.BaseReplicator) -> dict:
     if self._eval_fn is None:
       self.prepare_evaluation(replicator)
     correct, count = self._eval_fn()

@@ -33,7 +33,8 @@ import tensorflow as tf
 
 from models import d4pg
 from replibench import engine, errors, inputs
-from replibench.engine import cluster, cost
+from replibench.engine import cluster
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
 from replibench.rl import envs
@@ -182,7 +183,9 @@ class D4PG(Workload):
         config, num_actors=self.num_actors, seed=seed, evaluator=self.separate_evaluator,
         max_restarts=self.max_restarts, max_messages=self.max_messages)
     self.pool.start(self.networks.actor_weights())
-    self.feeder = ReplayFeeder(self.pool, self.replay, spec.global_batch_size // workers,
+    # A step's batch on this process: its replicas' batches.
+    self.feeder = ReplayFeeder(self.pool, self.replay,
+                               spec.per_replica_batch_size * (spec.num_replicas // workers),
                                self.sample_timeout_s)
     self.evaluator = evaluation.Evaluator(
         self.env_config, self.eval_episodes, seed=seed,
@@ -248,14 +251,15 @@ class D4PG(Workload):
     critic_grads = tape.gradient(scaled_critic, critic_vars)
     policy_grads = tape.gradient(scaled_policy, policy_vars)
     del tape
-    self.spec.regime.apply_gradients_jointly([(self.critic_optimizer, critic_grads, critic_vars),
-                                    (self.policy_optimizer, policy_grads, policy_vars)])
+    metrics = self.spec.regime.apply_gradients_jointly([
+        (self.critic_optimizer, critic_grads, critic_vars),
+        (self.policy_optimizer, policy_grads, policy_vars)])
     if isinstance(self.replay, replay_lib.PrioritizedReplay):
       tf.py_function(self.feeder.update_priorities, [batch["key"], critic_per_example], [])
     # Shares (1/N of the local means) times N: local means, averaged over replicas by
     # the engine with the other outputs (no collective of their own).
     critic, policy = critic * engine.num_replicas(), policy * engine.num_replicas()
-    return {"loss": critic, "critic_loss": critic, "policy_loss": policy}
+    return {"loss": critic, "critic_loss": critic, "policy_loss": policy, **metrics}
 
   def after_train_call(self, step: int) -> None:
     """Target networks every target_update_period steps (on the host, where assigning a
@@ -287,7 +291,7 @@ class D4PG(Workload):
 
   # -- evaluation --------------------------------------------------------------
 
-  def _across_workers(self, replicator: engine.Replicator, values: list[float]) -> np.ndarray:
+  def _across_workers(self, replicator: engine.BaseReplicator, values: list[float]) -> np.ndarray:
     """Mean over workers (identical on every worker, so all decide alike)."""
     values = np.asarray(values, np.float64)
     if replicator.num_workers == 1:
@@ -307,7 +311,7 @@ class D4PG(Workload):
             "opt_gradient_clip_norm": hp.clip_norm, "n_step": hp.n_step,
             "discount": hp.discount}
 
-  def evaluate(self, replicator: engine.Replicator) -> dict:
+  def evaluate(self, replicator: engine.BaseReplicator) -> dict:
     """eval/return (mean over episodes and workers), eval/return_min (this worker's),
     eval/env_steps (env steps the exploring actors of all workers have made so far:
     the experience the policy learnt from) and eval/episodes (played for this value)."""

@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from models.sngan import build_models, d_hinge_loss, g_hinge_loss
 from replibench import engine, errors, inputs
-from replibench.engine import cost
+from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
 from replibench.workloads import precision
@@ -217,9 +217,9 @@ class ConditionalGAN(Workload):
       loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
                                  self.spec.global_batch_size)
       scaled = precision.scaled(self.d_optimizer, loss)
-    self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(scaled, variables),
-                                     variables)
-    return loss
+    metrics = self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(scaled, variables),
+                                               variables)
+    return loss, metrics
 
   def _generator_update(self, step, b):
     z, labels = self._noise(step, self.n_dis, b)
@@ -230,21 +230,23 @@ class ConditionalGAN(Workload):
       # Generator hinge loss: -mean(D(G(z))) over the global batch.
       loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
       scaled = precision.scaled(self.g_optimizer, loss)
-    self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(scaled, variables),
-                                     variables)
-    return loss
+    metrics = self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(scaled, variables),
+                                               variables)
+    return loss, metrics
 
   def step_fn(self, batch) -> dict:
     images, labels = batch
     # The generator's Adam counts generator steps (and is checkpointed with it).
     step = tf.convert_to_tensor(self.g_optimizer.iterations)
-    d_loss = tf.add_n([self._discriminator_update(images[k], labels[k], step, k)
-                       for k in range(self.n_dis)]) / self.n_dis
-    g_loss = self._generator_update(step, images.shape[1])
+    d_losses, d_metrics = zip(*(self._discriminator_update(images[k], labels[k], step, k)
+                                for k in range(self.n_dis)))
+    g_loss, g_metrics = self._generator_update(step, images.shape[1])
     # Each loss is this replica's share (1/N of its local mean): times N the local mean,
     # which the engine averages over replicas (no collective of its own).
-    d_loss, g_loss = d_loss * engine.num_replicas(), g_loss * engine.num_replicas()
-    return {"loss": d_loss, "d_loss": d_loss, "g_loss": g_loss}
+    d_loss = tf.add_n(d_losses) / self.n_dis * engine.num_replicas()
+    g_loss = g_loss * engine.num_replicas()
+    metrics = sum((*d_metrics, g_metrics), engine.StepMetrics())   # In the updates' order.
+    return {"loss": d_loss, "d_loss": d_loss, "g_loss": g_loss, **metrics}
 
   def _generated_outputs(self):
     outputs = []
@@ -254,7 +256,7 @@ class ConditionalGAN(Workload):
       outputs.append(self.scorer.featurize(images))
     return (np.concatenate([f for f, _ in outputs]), np.concatenate([p for _, p in outputs]))
 
-  def prepare_evaluation(self, replicator: engine.Replicator) -> None:
+  def prepare_evaluation(self, replicator: engine.BaseReplicator) -> None:
     del replicator   # Sampling runs on the host from the (identical) replica-0 weights.
     if self.synthetic_data:
       return
@@ -272,7 +274,7 @@ class ConditionalGAN(Workload):
             "opt_adam_beta_1": self.beta_1, "opt_adam_beta_2": self.beta_2,
             "opt_adam_epsilon": self.epsilon, "n_dis": self.n_dis}
 
-  def evaluate(self, replicator: engine.Replicator) -> dict:
+  def evaluate(self, replicator: engine.BaseReplicator) -> dict:
     del replicator  # Sampling runs on the host from the (identical) replica-0 weights.
     scores = self.scorer.score(*self._generated_outputs())
     grid = self._sample(self._grid_z, self._grid_labels).numpy()

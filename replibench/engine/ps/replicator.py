@@ -28,16 +28,17 @@ checkpoints.
     in flight, are not restored.
 """
 
-import contextlib
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from replibench.engine import cluster, collectives
-from replibench.engine.ps import serve, transfers
-from replibench.engine.ps.regime import AsyncPS
-from replibench.engine.replicator import InputContext, per_replica_batch_size
+from replibench.engine import collectives
+from replibench.engine.interface import BaseReplicator, BaseStep
+from replibench.engine.measure import transfers
+from replibench.engine.ps import serve
+from replibench.engine.regimes.async_ps import AsyncPS
+from replibench.engine.spec import InputContext, TrainSpec
 from replibench.errors import UserError
 
 
@@ -63,18 +64,19 @@ class WorkerGroup(collectives.ReplicaGroup):
     return tf.nest.map_structure(tf.identity, x)
 
 
-class AsyncReplicator:
+class AsyncReplicator(BaseReplicator):
   """Replicates single-device training code over asynchronous parameter-server workers."""
 
   def __init__(self, topology, regime: AsyncPS):
-    regime.check(topology)
-    self.topology, self.regime = topology, regime
+    super().__init__(topology, regime)
     spec = serve.check_cluster(topology)
     if spec.task_type != "chief":
       raise UserError(
           f"TF_CONFIG makes this process {spec.task_type} #{spec.task_index}: under "
           f"regimes.AsyncPS only the chief trains; other tasks serve (`replibench run` "
           f"does that by itself).")
+    self._workers = spec.count("worker")   # Training workers (not the chief, the ps).
+    regime.attach(self._workers)            # Its settings against the cluster, before connecting.
     self.strategy = tf.distribute.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver())   # Variables not partitioned.
     if self.strategy.num_replicas_in_sync != 1:
@@ -82,31 +84,24 @@ class AsyncReplicator:
           f"regimes.AsyncPS runs one replica per worker; these workers have "
           f"{self.strategy.num_replicas_in_sync} GPUs each. Hide all but one "
           f"(CUDA_VISIBLE_DEVICES) or use a synchronous regime.")
-    self.num_workers = spec.count("worker")   # Training workers (not the chief, the ps).
     self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
-    with self.strategy.scope():
-      counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="async_ps_updates")
-    regime.attach(self.num_workers, counter)
+    with self.strategy.scope():   # Worker updates completed (AsyncStep's staleness).
+      self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name="async_ps_updates")
 
   @property
   def num_replicas(self) -> int:
     """One per worker: the global batch is split over all of them."""
-    return self.num_workers
+    return self._workers
 
   @property
-  def is_chief(self) -> bool:
-    return True   # Only the chief runs a replicator.
-
-  @contextlib.contextmanager
-  def scope(self):
-    """Variables created here live on the parameter servers."""
-    with self.strategy.scope():
-      yield
+  def num_workers(self) -> int:
+    return self._workers
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
-                 global_batch_size: int, start_step: int = 0) -> tf.data.Dataset:
+                 spec: TrainSpec | int, start_step: int = 0) -> tf.data.Dataset:
     """The chief evaluates inline: one plain pipeline at the global batch size."""
-    return input_fn(InputContext(global_batch_size, 0, 1, 1, start_step))
+    batch = spec.global_batch_size if isinstance(spec, TrainSpec) else spec
+    return input_fn(InputContext(batch, 0, 1, 1, start_step))
 
   def run(self, step_fn: Callable, *args, **kwargs):
     """Runs step_fn inline on the chief (evaluation; variables are read from the ps)."""
@@ -117,49 +112,56 @@ class AsyncReplicator:
     del op
     return values
 
-  def compile(self, step_fn: Callable, input_fn: Callable, global_batch_size: int,
-              steps_per_call: int = 1, start_step: int = 0) -> "AsyncStep":
-    """Runs steps_per_call * W worker updates of step_fn per call."""
-    if steps_per_call < 1:
-      raise UserError(f"steps_per_call must be >= 1, got {steps_per_call}.")
-    return AsyncStep(self, step_fn, input_fn, global_batch_size, steps_per_call, start_step)
-
-
-class AsyncStep:
-  """CompiledStep's interface over the coordinator: call it to run one call's updates.
-
-  Each call schedules steps_per_call * W worker updates (each a replica step of
-  step_fn on the next batch of whichever worker runs it), waits for all of them
-  and returns their outputs averaged, as host values.
-  """
-
-  def __init__(self, replicator: AsyncReplicator, step_fn, input_fn, global_batch_size: int,
-               steps_per_call: int, start_step: int):
-    workers, strategy, regime = (replicator.num_workers, replicator.strategy,
-                                 replicator.regime)
-    self.coordinator, self.steps_per_call = replicator.coordinator, steps_per_call
-    self._updates_per_call = steps_per_call * workers
-    # One pipeline's view for W replicas: per-replica batches, in replica order.
-    ctx = InputContext(per_replica_batch_size(global_batch_size, workers), 0, 1, workers,
-                       start_step)
-
-    def dataset_fn(tf_ctx):
-      del tf_ctx   # ParameterServerStrategy gives every worker pipeline 0 of 1.
-      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-      return input_fn(ctx).shard(workers, worker)
+  def per_worker_iterator(self, dataset_fn: Callable[[], tf.data.Dataset]):
+    """An iterator over a dataset every worker builds for itself with dataset_fn()
+    (ParameterServerStrategy gives every worker input pipeline 0 of 1: dataset_fn asks
+    which worker it runs on)."""
 
     @tf.function
     def per_worker_dataset():
-      return strategy.distribute_datasets_from_function(dataset_fn)
+      return self.strategy.distribute_datasets_from_function(lambda _: dataset_fn())
 
-    self.iterator = iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
+    return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset))
+
+  def _compile(self, step_fn, input_fn, spec, start_step) -> "AsyncStep":
+    return AsyncStep(self, step_fn, input_fn, spec, start_step)
+
+
+class AsyncStep(BaseStep):
+  """A call schedules steps_per_call * W worker updates (each a replica step of step_fn
+  on the next batch of whichever worker runs it), waits for all of them and returns
+  their outputs averaged, as host values.
+
+  Staleness ('regime/staleness'): every update reads a counter of updates on the
+  ps before step_fn reads the model and adds itself once its outputs are computed
+  (the regime's metrics follow its variable updates): the other workers' updates
+  that completed in between.
+  """
+
+  def __init__(self, replicator: AsyncReplicator, step_fn, input_fn, spec: TrainSpec,
+               start_step: int):
+    super().__init__(replicator, spec)
+    workers, strategy, regime = spec.num_replicas, replicator.strategy, replicator.regime
+    self.coordinator, updates = replicator.coordinator, replicator.updates
+    # One pipeline's view for W replicas: per-replica batches, in replica order.
+    ctx = spec.input_context(start_step=start_step)
+
+    def dataset_fn():
+      worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+      return input_fn(ctx).shard(workers, worker)
+
+    self.iterator = replicator.per_worker_iterator(dataset_fn)
     group = WorkerGroup(workers)
 
     def replica_fn(batch):
       with collectives.replica_group(group):
-        with tf.control_dependencies(regime.begin_step()):
+        # Every op of the step follows the read (it could otherwise run as late as the update).
+        before = updates.read_value()
+        with regime.worker_update(before), tf.control_dependencies([before]):
           outputs = step_fn(batch)
-        return {**outputs, **regime.step_metrics()}
+      with tf.control_dependencies(tf.nest.flatten(outputs)):
+        after = updates.assign_add(1, read_value=True)
+      return {**outputs, "regime/staleness": tf.cast(after - before - 1, tf.float32)}
 
     @tf.function
     def update(iterator):
@@ -168,16 +170,15 @@ class AsyncStep:
     self._update = update
 
   def trace(self) -> None:
-    """Builds the update's graph without running it (part of init, not of the timed run)."""
     self._update.get_concrete_function(self.iterator)
 
   def communication(self, time_collectives: bool = True, wire_counter=None) -> dict:
     """No collectives: the tensors each worker update pulls from and pushes to the ps
-    (transfers.py), per update, which is per worker and harness step; after trace().
+    (engine/measure/transfers.py), per update, which is per worker and harness step.
 
-    time_collectives with wire_counter (a callable: bytes sent so far on a launched
-    cluster's link) also measures each transfer's and closure's protocol bytes there,
-    with closures that only read, so that the account predicts the bytes on the wire.
+    time_collectives with wire_counter also measures each transfer's and closure's
+    protocol bytes on the link, with closures that only read, so that the account
+    predicts the bytes on the wire.
     """
     update = self._update.get_concrete_function(self.iterator)
     overheads = None
@@ -191,7 +192,7 @@ class AsyncStep:
 
   def __call__(self) -> dict:
     results = [self.coordinator.schedule(self._update, args=(self.iterator,))
-               for _ in range(self._updates_per_call)]
+               for _ in range(self.steps_per_call * self.spec.num_replicas)]
     self.coordinator.join()
     outputs = [r.fetch() for r in results]
     return tf.nest.map_structure(lambda *values: np.mean(values, axis=0), *outputs)

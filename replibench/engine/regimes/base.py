@@ -1,11 +1,12 @@
 """The training regime: how replicas combine their work into parameter updates.
 
 A regime is chosen in gin like a topology (`Experiment.regime = @regimes.LocalSGD()`)
-and changes nothing in model code. The harness hands it to the replicator and
-to the workload (TrainSpec.regime); the workload calls it:
+and changes nothing in model code. The replicator and the workload both read it
+from the run's one TrainSpec (engine/spec.py); the workload calls it:
 
-  regime.build_optimizer(optimizer, variables)    at build time, under scope()
-  regime.apply_gradients(optimizer, grads, vars)  inside step_fn
+  regime.build_optimizer(optimizer, variables)              at build time, under scope()
+  metrics = regime.apply_gradients(optimizer, grads, vars)  inside step_fn, which
+                                                            returns the metrics
 
 `Sync` (the default) all-reduces the gradients once and applies them, the
 paper's synchronous data parallelism. Other synchronous regimes (local SGD,
@@ -20,7 +21,8 @@ both use.
 import gin
 import tensorflow as tf
 
-from replibench.engine import aggregation, noise_scale, training_kernels
+from replibench.engine import aggregation, training_kernels
+from replibench.engine.measure import noise_scale
 from replibench.engine.regimes.step_metrics import StepMetrics
 
 GRADIENTS, STATE = "gradient", "state"   # What a regime sends: see Regime.exchanges.
@@ -50,26 +52,22 @@ class Regime:
     optimizer.build(variables)
     training_kernels.use_training_kernels(optimizer)
 
-  def apply_gradients(self, optimizer, grads: list, variables: list) -> None:
-    """Turns one replica's gradients (of an `average_loss`-scaled loss) into updates."""
+  def apply_gradients(self, optimizer, grads: list, variables: list) -> StepMetrics:
+    """Turns one replica's gradients (of an `average_loss`-scaled loss) into updates.
+
+    Returns the regime's scalars for this update (e.g. the bytes sent), which
+    step_fn returns among its outputs: they are averaged over replicas and steps
+    like the others. Several calls in one step add up (`a + b`).
+    """
     raise NotImplementedError
 
-  def apply_gradients_jointly(self, updates: list) -> None:
+  def apply_gradients_jointly(self, updates: list) -> StepMetrics:
     """Several optimizers' gradients from one step, [(optimizer, grads, vars), ...].
 
     By default one apply_gradients after the other; a regime may fuse their
     communication (Sync reduces them in one collective).
     """
-    for optimizer, grads, variables in updates:
-      self.apply_gradients(optimizer, grads, variables)
-
-  def step_metrics(self) -> dict:
-    """Scalar tensors this regime reports for the step just traced (e.g. bytes sent).
-
-    Called inside the replicated step after step_fn; the values are averaged
-    over replicas like the step's own outputs. Keys are prefixed 'regime/'.
-    """
-    return {}
+    return sum((self.apply_gradients(*update) for update in updates), StepMetrics())
 
   def wire_bytes(self, sizes: list[int], num_replicas: int) -> float:
     """Bytes one replica sends per step, for float32 tensors of these sizes (entries).
@@ -114,24 +112,20 @@ class Sync(Regime):
   name = "sync"
 
   def __init__(self, noise_scale: bool = True):
-    """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/noise_scale.py) on
+    """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/measure/noise_scale.py) on
     two or more replicas, for the gradient noise scale; off under loss scaling."""
-    self._metrics = StepMetrics()
     self.noise_scale = noise_scale
 
   def apply_gradients(self, optimizer, grads, variables):
-    self.apply_gradients_jointly([(optimizer, grads, variables)])
+    return self.apply_gradients_jointly([(optimizer, grads, variables)])
 
   def apply_gradients_jointly(self, updates):
     reduced = aggregation.sync_apply_gradients_jointly(updates)
     local = [g for _, grads, _ in updates for g in grads]
-    self._metrics.add("regime/bytes_communicated", self.wire_bytes(tensor_sizes(local), 0))
+    metrics = {"regime/bytes_communicated": self.wire_bytes(tensor_sizes(local), 0)}
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     # A loss-scaled step's gradients carry the scale (and inf on skipped steps).
     scaled = any(hasattr(optimizer, "inner_optimizer") for optimizer, _, _ in updates)
     if self.noise_scale and replicas > 1 and not scaled:
-      for key, value in noise_scale.step_norms(local, reduced, replicas).items():
-        self._metrics.add(key, value)
-
-  def step_metrics(self):
-    return self._metrics.take()
+      metrics.update(noise_scale.step_norms(local, reduced, replicas))
+    return StepMetrics(metrics)

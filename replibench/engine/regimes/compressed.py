@@ -53,7 +53,7 @@ built from those and TF's all-to-all, through the engine's collectives):
 (wire_bytes: 8 bytes a packed word plus 4 a tensor for the scales; 8 bytes a
 kept entry), the unit Sync reports 4 bytes an entry in
 ('regime/compression_ratio' = Sync bytes / these); the communication ledger
-(engine/communication.py) records the same collectives and applies the ring
+(engine/measure/communication.py) records the same collectives and applies the ring
 algorithms' factors. bits=32 and top_k=1.0 are lossless and run exactly as Sync.
 
 Sparse (IndexedSlices, embedding) gradients are compressed as dense tensors.
@@ -162,7 +162,6 @@ class Compressed(Regime):
     self.bits, self.top_k, self.seed, self.wire = bits, top_k, seed, wire
     self._residuals = {}   # id(variable) -> (variable, its residual)
     self._servers = {}     # two_pass: id(optimizer) -> (optimizer, BlockLayout, server residual)
-    self._metrics = StepMetrics()
 
   @property
   def lossless(self) -> bool:
@@ -271,8 +270,10 @@ class Compressed(Regime):
     aggregation.apply_reduced(optimizer, reduced, [v for _, v in pairs])
     sizes = [x.shape.num_elements() for x in corrected]
     sent = self.wire_bytes(sizes, collectives.num_replicas())
-    self._metrics.add("regime/bytes_communicated", float(sent))
-    self._metrics.add("regime/sync_bytes", float(4 * sum(sizes)))
+    # The ratio of a step's sums: sync's bytes over the bytes sent.
+    return StepMetrics({"regime/bytes_communicated": float(sent),
+                        "regime/sync_bytes": float(4 * sum(sizes))},
+                       {"regime/compression_ratio": (_compression_ratio, ("regime/sync_bytes",))})
 
   def wire_bytes(self, sizes, num_replicas):
     """Bytes one replica contributes per step for float32 tensors of these sizes
@@ -292,13 +293,6 @@ class Compressed(Regime):
       return float(scales + scattered + gathered + shape)
     return float(8 * packed_words(sum(sizes), self.bits, num_replicas) + scales)
 
-  def step_metrics(self):
-    metrics = self._metrics.take()
-    if "regime/sync_bytes" in metrics:
-      metrics["regime/compression_ratio"] = (
-          metrics.pop("regime/sync_bytes") / metrics["regime/bytes_communicated"])
-    return metrics
-
   def setting(self):
     if self.top_k is not None:
       return f"{self.name}(top_k={self.top_k:g})"
@@ -307,6 +301,10 @@ class Compressed(Regime):
   def hparams(self):
     return {"regime": self.name, "bits": self.bits or 0, "top_k": self.top_k or 0.0,
             "wire": self.wire}
+
+
+def _compression_ratio(sums: dict) -> tf.Tensor:
+  return sums["regime/sync_bytes"] / sums["regime/bytes_communicated"]
 
 
 def _per_replica_zeros(shape, dtype, name: str) -> tf.Variable:

@@ -35,7 +35,8 @@ SwarmSGD; GradientTracking (gradient_tracking.py) mixes on the same graphs.
 import gin
 import tensorflow as tf
 
-from replibench.engine import collectives, communication
+from replibench.engine import collectives
+from replibench.engine.measure import communication
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.compressed import Compressed
@@ -185,33 +186,32 @@ class Gossip(Regime):
       compression = None   # bits = 32: the copies as they are.
     self.graph, self.compression = graph, compression
     self.report_consensus = bool(report_consensus)
-    self._metrics = StepMetrics()
 
   def apply_gradients(self, optimizer, grads, variables):
     replica_state.apply_local(optimizer, grads, variables)
     params = [v for g, v in zip(grads, variables) if g is not None]
     state = params + replica_state.optimizer_slots(optimizer)
-    self.average(state, len(params), optimizer.iterations)
-    self._metrics.add("regime/bytes_communicated",
-                      self.wire_bytes(replica_state.state_sizes(state),
-                                      collectives.num_replicas()))
+    mixing = self.average(state, len(params), optimizer.iterations)
+    sent = self.wire_bytes(replica_state.state_sizes(state), collectives.num_replicas())
+    return StepMetrics({"regime/bytes_communicated": sent}) + mixing
 
-  def average(self, state: list, num_params: int, step: tf.Tensor, every: int = 1) -> None:
+  def average(self, state: list, num_params: int, step: tf.Tensor,
+              every: int = 1) -> StepMetrics:
     """Mixes this replica's copy of state (parameters first, num_params of them, then
-    slots) with its neighbours' copies, at the steps where step % every == 0. Reports
+    slots) with its neighbours' copies, at the steps where step % every == 0. Returns
     the consensus distance of the parameters before mixing, every step. Replica context."""
     flat = replica_state.read_flat(state)   # Parameters first, then slots.
+    metrics = StepMetrics()
     if self.report_consensus:
       params = sum(replica_state.state_sizes(state[:num_params]))
-      self._metrics.add("regime/consensus_distance_sq",
-                        replica_state.squared_consensus_distance(flat[:params]))
+      metrics = consensus_distance(replica_state.squared_consensus_distance(flat[:params]))
     with communication.every(every):   # The account counts the mixing 1/every a step.
       when = tf.equal(step % every, 0)
       if every > 1 and self._mixes_by_all_reduce():
         # An all-reduce of every replica may not sit in replica-context control flow
         # (MirroredStrategy): average_when conditions it in cross-replica context.
         replica_state.average_when(when, state)
-        return
+        return metrics
       n, replica = collectives.num_replicas(), collectives.replica_id()
       quantizer = (None if self.compression is None else
                    StateQuantizer(self.compression, replica_state.state_sizes(state)))
@@ -220,6 +220,7 @@ class Gossip(Regime):
       # replica takes the same branch.
       mixed = mix() if every == 1 else tf.cond(when, mix, lambda: flat)
     replica_state.assign_flat(state, mixed)
+    return metrics
 
   def _mixes_by_all_reduce(self) -> bool:
     return isinstance(self.graph, Complete)
@@ -232,12 +233,6 @@ class Gossip(Regime):
           f"all-reduces of every replica, which cannot run every few steps only "
           f"(MirroredStrategy forbids them under a condition). Use a pair graph "
           f"(@regimes.RandomMatching(), @regimes.Ring()), no compression, or H = 1.")
-
-  def step_metrics(self):
-    metrics = self._metrics.take()
-    if "regime/consensus_distance_sq" in metrics:
-      metrics["regime/consensus_distance"] = tf.sqrt(metrics.pop("regime/consensus_distance_sq"))
-    return metrics
 
   def wire_bytes(self, sizes, num_replicas):
     """Bytes each replica sends per step: a copy of its parameters and slots per
@@ -257,6 +252,15 @@ class Gossip(Regime):
     return {"regime": self.name, "graph": type(self.graph).__name__,
             "gossip_seed": getattr(self.graph, "seed", 0),
             "bits": 0 if self.compression is None else self.compression.bits}
+
+
+def consensus_distance(squared: tf.Tensor) -> StepMetrics:
+  """'regime/consensus_distance' from its square (replica_state.squared_consensus_distance):
+  the squares of a step's calls add up, the root is taken of their sum."""
+  return StepMetrics({"regime/consensus_distance_sq": squared},
+                     {"regime/consensus_distance": (
+                         lambda sums: tf.sqrt(sums["regime/consensus_distance_sq"]),
+                         ("regime/consensus_distance_sq",))})
 
 
 def _payload(sizes: list[int]) -> float:

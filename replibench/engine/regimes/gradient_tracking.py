@@ -31,7 +31,8 @@ import tensorflow as tf
 from replibench.engine import aggregation, collectives
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.base import GRADIENTS
-from replibench.engine.regimes.gossip import Gossip, Graph, Ring
+from replibench.engine.regimes.gossip import Gossip, Graph, Ring, consensus_distance
+from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 from replibench.inputs import shown
 
@@ -80,9 +81,9 @@ class GradientTracking(Gossip):
     trackers, previous = zip(*(self._tracking(v) for v in params))
     sizes = replica_state.state_sizes(params)
     flat = replica_state.read_flat(params + list(trackers))
+    metrics = StepMetrics({"regime/bytes_communicated": self.wire_bytes(sizes, n)})
     if self.report_consensus:
-      self._metrics.add("regime/consensus_distance_sq",
-                        replica_state.squared_consensus_distance(flat[:sum(sizes)]))
+      metrics += consensus_distance(replica_state.squared_consensus_distance(flat[:sum(sizes)]))
     mixed = self.graph.mix(flat, collectives.replica_id(), n, optimizer.iterations)
     mixed_params, mixed_trackers = tf.split(mixed, 2)
     gradient = tf.concat([tf.reshape(g, [-1]) for g, _ in pairs], axis=0)
@@ -91,7 +92,7 @@ class GradientTracking(Gossip):
                               tf.concat([mixed_params, tracker, gradient], axis=0))
     step = [tf.reshape(t, v.shape) for t, v in zip(tf.split(tracker, sizes), params)]
     aggregation.apply_reduced(optimizer, step, params)   # Each replica its own copy.
-    self._metrics.add("regime/bytes_communicated", self.wire_bytes(sizes, n))
+    return metrics
 
   def wire_bytes(self, sizes, num_replicas):
     """Parameters and tracker, float32, one copy of each per neighbour."""

@@ -17,13 +17,14 @@ respectively.
 import gin
 import tensorflow as tf
 
-from replibench.engine import collectives, communication
+from replibench.engine import collectives
+from replibench.engine.measure import communication
 from replibench.engine.regimes import replica_state
 from replibench.engine.regimes.gossip import Gossip
 from replibench.engine.regimes.base import STATE, Regime
 from replibench.engine.regimes.step_metrics import StepMetrics
-from replibench.engine import stragglers as stragglers_lib
-from replibench.engine.stragglers import Stragglers
+from replibench.engine.regimes import stragglers as stragglers_lib
+from replibench.engine.regimes.stragglers import Stragglers
 from replibench.errors import UserError
 from replibench.inputs import shown
 
@@ -35,7 +36,7 @@ class LocalSGD(Regime):
   average: None, the mean of all replicas in one all-reduce; or a
   @regimes.Gossip(), whose graph (and compression) mixes the copies instead:
   with @regimes.RandomMatching() and Compressed bits, SwarmSGD.
-  stragglers: None, or @regimes.Stragglers(): slowed replica steps (engine/stragglers.py).
+  stragglers: None, or @regimes.Stragglers(): slowed replica steps (engine/regimes/stragglers.py).
   """
 
   name = "local_sgd"
@@ -55,7 +56,6 @@ class LocalSGD(Regime):
       average.check_every(sync_every, "regimes.LocalSGD.average")
     stragglers = stragglers_lib.checked(stragglers, "regimes.LocalSGD.stragglers")
     self.sync_every, self.average, self.stragglers = sync_every, average, stragglers
-    self._metrics = StepMetrics()
 
   def check(self, topology):
     if self.stragglers is not None:
@@ -72,16 +72,14 @@ class LocalSGD(Regime):
     if self.average is None:
       with communication.every(self.sync_every):   # The account counts it 1/H a step.
         replica_state.average_when(averaging, state)
+      mixing = StepMetrics()
     else:
-      self.average.average(state, len(params), optimizer.iterations, every=self.sync_every)
+      mixing = self.average.average(state, len(params), optimizer.iterations,
+                                    every=self.sync_every)
     # What each replica contributes to the exchange when it happens.
     sent = float(self.sync_every * self.wire_bytes(replica_state.state_sizes(state),
                                                    collectives.num_replicas()))
-    self._metrics.add("regime/bytes_communicated", tf.where(averaging, sent, 0.0))
-
-  def step_metrics(self):
-    own = self._metrics.take()
-    return {**own, **self.average.step_metrics()} if self.average else own
+    return StepMetrics({"regime/bytes_communicated": tf.where(averaging, sent, 0.0)}) + mixing
 
   def wire_bytes(self, sizes, num_replicas):
     """Parameters and slots (or the gossip's copies of them), once every sync_every

@@ -22,8 +22,9 @@ plain reads and assigns.
 import keras
 import tensorflow as tf
 
-from replibench.engine import aggregation, collectives, communication
-from replibench.engine.cost import optimizer_slots  # noqa: F401  (re-exported for regimes)
+from replibench.engine import aggregation, collectives
+from replibench.engine.measure import communication
+from replibench.engine.measure.cost import optimizer_slots  # noqa: F401  (re-exported for regimes)
 
 
 def tf_variable(variable) -> tf.Variable:

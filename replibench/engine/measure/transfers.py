@@ -21,7 +21,7 @@ consume it there:
 find_transfers reads them off the traced update (bytes: each tensor's static
 elements times its dtype's size; constants are placed with their consumer and
 never cross). account() states them in the communication account's wire format
-(engine/communication.py, read by harness/wire.expected_per_step) per worker
+(engine/measure/communication.py, read by harness/wire.expected_per_step) per worker
 update, which under AsyncPS is per worker and harness step. measure_overheads
 prices each transfer's protocol bytes (request, gRPC framing, TCP) and each
 closure's (scheduling it, returning its outputs) on a launched cluster's wire at

@@ -19,16 +19,18 @@ chosen so that sync and async numbers compare:
     and optimizer.iterations counts every update. Keras' own update reads,
     then writes, and concurrent workers corrupted Adam's slots (the SN-GAN
     diverged at W = 4). Only SGD and Adam are wired; others are refused.
-  * Staleness ('regime/staleness', mean per call): replica steps of other
-    workers that completed between a step's start (its read of the variables)
-    and its own update, counted on one atomic counter on the ps.
-  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, engine/stragglers.py):
+  * Staleness ('regime/staleness', mean per call, reported by the replicator's
+    AsyncStep): replica steps of other workers that completed between a step's
+    start (its read of the variables) and its own update, counted on one atomic
+    counter on the ps.
+  * Stragglers (`regimes.AsyncPS.stragglers = @regimes.Stragglers()`, engine/regimes/stragglers.py):
     a slowed update sleeps between computing its gradients and pushing them (the
     first apply_gradients of its step), so its update lands later and staler, as
     a slow worker's would. Update u of the draw is the update counter read at the
     step's start.
 """
 
+import contextlib
 import threading
 
 import gin
@@ -37,9 +39,11 @@ import tensorflow as tf
 
 from replibench import internals
 from replibench.engine import aggregation, topology as topology_lib
-from replibench.engine import stragglers as stragglers_lib, training_kernels
-from replibench.engine.stragglers import Stragglers
+from replibench.engine import training_kernels
+from replibench.engine.regimes import stragglers as stragglers_lib
+from replibench.engine.regimes.stragglers import Stragglers
 from replibench.engine.regimes.base import Regime, tensor_sizes
+from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.errors import UserError
 
 
@@ -73,14 +77,14 @@ class AsyncPS(Regime):
     stragglers = stragglers_lib.checked(stragglers, "regimes.AsyncPS.stragglers")
     self.stragglers = stragglers
     self.workers = 1              # W, set by the replicator from TF_CONFIG.
-    self._updates = None          # Replica steps completed over all workers (on a ps).
     self._local = threading.local()
 
-  def attach(self, workers: int, updates_counter: tf.Variable) -> None:
-    """Called by the AsyncReplicator once it knows the cluster."""
+  def attach(self, workers: int) -> None:
+    """Called once by the replicator with the cluster's training workers (TF_CONFIG),
+    before it connects: UserError if they cannot run this regime's settings."""
     if self.stragglers is not None:
       self.stragglers.check_workers(workers)
-    self.workers, self._updates = workers, updates_counter
+    self.workers = workers
 
   def check(self, topology):
     binding = f"Experiment.regime = @regimes.{type(self).__name__}()"
@@ -114,36 +118,31 @@ class AsyncPS(Regime):
         and not isinstance(schedule, _StepsOfUpdates)):
       optimizer.learning_rate = _StepsOfUpdates(schedule, max(1, self.workers))
 
-  def begin_step(self) -> list:
-    """Reads the update counter before step_fn reads the model; returns the read, which
-    every op of the step must follow (otherwise it may run as late as the update)."""
-    self._local.before = self._updates.read_value()
-    self._local.applied, self._local.sent = [], []
-    return [self._local.before]
+  @contextlib.contextmanager
+  def worker_update(self, updates_before: tf.Tensor):
+    """The replicator traces a worker update's step_fn inside this block, with the
+    update counter read at the update's start: the straggler draw's update index."""
+    self._local.before, self._local.slowed = updates_before, False
+    try:
+      yield
+    finally:
+      self._local.before = None
 
   def apply_gradients(self, optimizer, grads, variables):
-    # `replibench plan` traces a step without begin_step (no cluster): apply only.
-    tracing_plan = getattr(self._local, "applied", None) is None
-    if self.stragglers is not None and not tracing_plan and not self._local.applied:
+    # None: `replibench plan` traces a step outside any worker update; it only applies.
+    before = getattr(self._local, "before", None)
+    if self.stragglers is not None and before is not None and not self._local.slowed:
       # The step's first update: a slowed one pushes its gradients late.
       worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-      grads = self.stragglers.delay(worker, self._local.before, grads)
+      grads = self.stragglers.delay(worker, before, grads)
+      self._local.slowed = True
     # No all-reduce: this worker's gradient goes straight to the ps variables.
     aggregation.apply_reduced(optimizer, grads, variables)
-    if tracing_plan:
-      return
-    # Read after the update (ordered by the variable): step_metrics counts after it.
-    self._local.applied.append(tf.convert_to_tensor(optimizer.iterations))
-    self._local.sent += tensor_sizes(grads)
-
-  def step_metrics(self):
-    if getattr(self._local, "applied", None) is None:   # `replibench plan`'s trace.
-      return {}
-    with tf.control_dependencies(self._local.applied):
-      after = self._updates.assign_add(1, read_value=True)
-    staleness = after - self._local.before - 1
-    return {"regime/staleness": tf.cast(staleness, tf.float32),
-            "regime/bytes_communicated": tf.constant(self.wire_bytes(self._local.sent, 0))}
+    # Read after the update (ordered by the variable): the replicator counts the update
+    # done once the step's outputs, these among them, are computed.
+    with tf.control_dependencies([tf.convert_to_tensor(optimizer.iterations)]):
+      sent = tf.identity(tf.constant(self.wire_bytes(tensor_sizes(grads), 0), tf.float32))
+    return StepMetrics({"regime/bytes_communicated": sent})
 
   def setting(self):
     return self.name if self.stragglers is None else f"{self.name}({self.stragglers.setting()})"
@@ -154,4 +153,4 @@ class AsyncPS(Regime):
   # wire_bytes (the base's): per worker update, the gradient pushed to the ps, as Sync
   # counts per replica. Pulling the parameters moves as many bytes again, more where a
   # step reads a variable twice (an L2 term): AsyncStep.communication's account
-  # (transfers.py) has every tensor that crosses.
+  # (engine/measure/transfers.py) has every tensor that crosses.

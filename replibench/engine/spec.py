@@ -1,0 +1,78 @@
+"""The spec of a run's step and the context of one input pipeline.
+
+config/ builds one TrainSpec per experiment; the harness hands that one object
+to the replicator (`compile`) and to the workload (`build`), and `plan` reads it
+too, so every setting reaches the step by one route. The global batch is split
+over the replicas here and nowhere else.
+"""
+
+import dataclasses
+
+from replibench.engine.regimes.base import Regime, Sync
+from replibench.errors import UserError
+
+
+def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
+  """Splits the global batch evenly; the math must not depend on the split."""
+  if global_batch_size % num_replicas:
+    raise UserError(
+        f"The global batch size {global_batch_size} does not divide over {num_replicas} "
+        f"replicas; choose a multiple of {num_replicas} (e.g. "
+        f"{global_batch_size - global_batch_size % num_replicas or num_replicas}).")
+  return global_batch_size // num_replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+  """What `input_fn` needs to build one pipeline of the replicated input."""
+
+  per_replica_batch_size: int
+  input_pipeline_id: int
+  num_input_pipelines: int
+  num_replicas: int
+  start_step: int = 0   # Global steps already trained: a resumed pipeline skips their data.
+
+  @property
+  def replicas_per_pipeline(self) -> int:
+    """Replicas that take their batches, one after another, from this pipeline."""
+    return self.num_replicas // self.num_input_pipelines
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """What the compiler fixed about a run's step, read by the replicator, the workload
+  and the plan alike.
+
+  regime: how replicas turn gradients into updates. The workload builds its
+  optimizers with `regime.build_optimizer`, applies gradients with
+  `regime.apply_gradients` (or `apply_gradients_jointly`), never by itself, and
+  returns the metrics those return among step_fn's outputs.
+  precision: a Keras dtype policy name (workloads/precision.py): the workload
+  builds its models under `precision.policy_scope`, wraps its optimizers with
+  `precision.wrap_optimizer` and differentiates `precision.scaled(optimizer, loss)`.
+  per_replica_batch_size: derived, global_batch_size / num_replicas (UserError if
+  it does not divide).
+  """
+
+  global_batch_size: int
+  num_replicas: int
+  seed: int = 0
+  steps_per_epoch: float = 1.0    # Training steps per pass over the training set.
+  total_steps: int = 1            # The budget: the run stops here if the target is not met.
+  regime: Regime = dataclasses.field(default_factory=Sync)
+  precision: str = "float32"      # 'float32' | 'mixed_bfloat16' | 'mixed_float16'.
+  steps_per_call: int = 1         # Steps per compiled call (one host round trip).
+  per_replica_batch_size: int = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    if self.steps_per_call < 1:
+      raise UserError(f"steps_per_call must be >= 1, got {self.steps_per_call}.")
+    object.__setattr__(self, "per_replica_batch_size",
+                       per_replica_batch_size(self.global_batch_size, self.num_replicas))
+
+  def input_context(self, pipeline: int = 0, pipelines: int = 1,
+                    start_step: int = 0) -> InputContext:
+    """The context of input pipeline `pipeline` of `pipelines` (all replicas' batches
+    at the per-replica size; a resumed run skips start_step steps of data)."""
+    return InputContext(self.per_replica_batch_size, pipeline, pipelines, self.num_replicas,
+                        start_step)
