@@ -65,7 +65,7 @@ def test_images_have_imagenet_shapes_and_dtypes_and_repeat_per_replica():
 def test_the_pipeline_is_a_repeat_of_constant_tensors():
   for ds in (SyntheticImages(image_size=4).train(_ctx(2, replicas=2), seed=0),
              SyntheticTransitions().train(_ctx(2, replicas=1), 0, EnvConfig(pixels=True,
-                                                                          image_size=4))):
+                                                                          image_size=8))):
     ops = _dataset_ops(ds)
     assert ops <= ALLOWED_OPS, f"per-element work in a synthetic pipeline: {ops - ALLOWED_OPS}"
     assert "RepeatDataset" in ops
