@@ -36,10 +36,10 @@ def git(*args: str, cwd: str = REPO) -> str:
                         text=True).stdout.strip()
 
 
-def change_commit(kind: str, suite: str, factor: float) -> str:
-  """A commit on top of HEAD whose suite gin file carries the change; returns its sha."""
+def change_commit(base: str, kind: str, suite: str, factor: float) -> str:
+  """A commit on top of base whose suite gin file carries the change; returns its sha."""
   if kind == "aa":
-    return git("rev-parse", "HEAD")
+    return base
   if kind == "slowdown":
     line = f"Experiment.inject_slowdown = {factor}"
   else:
@@ -48,7 +48,7 @@ def change_commit(kind: str, suite: str, factor: float) -> str:
   branch = f"tracking/{kind}-{suite}-{factor}"
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "wt")
-    git("worktree", "add", "--detach", path, "HEAD")
+    git("worktree", "add", "--detach", path, base)
     with open(os.path.join(path, GIN[suite]), "a") as f:
       f.write(f"\n# Injected by benchmarks/tracking_power.py ({kind}).\n{line}\n")
     git("commit", "-q", "-am", f"tracking power test: {line}", cwd=path)
@@ -81,9 +81,10 @@ def main() -> int:
                       "seed draws, for metrics that are deterministic given the seed")
   parser.add_argument("--rounds", type=int, default=None)
   parser.add_argument("--out", default=None)
+  parser.add_argument("--base", default="HEAD", help="the revision the change is made on")
   args = parser.parse_args()
-  base = git("rev-parse", "HEAD")
-  head = change_commit(args.kind, args.suite, args.factor)
+  base = git("rev-parse", args.base)
+  head = change_commit(base, args.kind, args.suite, args.factor)
   out = args.out or os.path.join(REPO, "runs", "power", f"{args.kind}-{args.suite}-{args.factor}")
   os.makedirs(out, exist_ok=True)
   summary = {"kind": args.kind, "factor": args.factor, "suite": args.suite, "base": base,
