@@ -27,12 +27,12 @@ from tracking_power import GIN, git  # noqa: E402
 SLOWDOWN = round(1 - 1 / 1.15, 4)   # examples/s x (1 - s) = step time x 1.15
 
 
-def make_branch(suite: str, culprit: int, n: int = 8) -> list[str]:
-  """The branch's commits, oldest first."""
+def make_branch(good: str, suite: str, culprit: int, n: int = 8) -> list[str]:
+  """The branch's commits on top of good, oldest first."""
   shas = []
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "wt")
-    git("worktree", "add", "--detach", path, "HEAD")
+    git("worktree", "add", "--detach", path, good)
     for i in range(1, n + 1):
       with open(os.path.join(path, "results", "bisect-demo.txt"), "a") as f:
         f.write(f"commit {i}\n")
@@ -54,10 +54,12 @@ def main() -> int:
   parser.add_argument("--suite", default="resnet")
   parser.add_argument("--configs", default="replicas=1")
   parser.add_argument("--seeds", type=int, default=None)
+  parser.add_argument("--rounds", type=int, default=None)
   parser.add_argument("--culprit", type=int, default=5)
+  parser.add_argument("--good", default="HEAD")
   args = parser.parse_args()
-  good = git("rev-parse", "HEAD")
-  shas = make_branch(args.suite, args.culprit)
+  good = git("rev-parse", args.good)
+  shas = make_branch(good, args.suite, args.culprit)
   print(f"branch tracking/bisect-demo: 8 commits on {good[:10]}; the culprit is commit "
         f"{args.culprit}, {shas[args.culprit - 1][:10]}", flush=True)
   command = [sys.executable, "-m", "replibench.cli", "bisect", f"--good={good}",
@@ -65,6 +67,7 @@ def main() -> int:
              f"--configs={args.configs}",
              f"--workdir={os.path.join(REPO, 'runs', 'bisect-demo', time.strftime('%H%M%S'))}"]
   command += [f"--seeds={args.seeds}"] if args.seeds else []
+  command += [f"--rounds={args.rounds}"] if args.rounds else []
   start = time.monotonic()
   done = subprocess.run(command, cwd=REPO)
   print(f"bisect took {(time.monotonic() - start) / 60:.1f} min (exit {done.returncode})")

@@ -82,6 +82,9 @@ def main() -> int:
   parser.add_argument("--rounds", type=int, default=None)
   parser.add_argument("--out", default=None)
   parser.add_argument("--base", default="HEAD", help="the revision the change is made on")
+  parser.add_argument("--first_run", type=int, default=1,
+                      help="the number of the first run (its directory, and with --new_seeds "
+                      "its seeds), to spread runs over several calls")
   args = parser.parse_args()
   base = git("rev-parse", args.base)
   head = change_commit(base, args.kind, args.suite, args.factor)
@@ -89,7 +92,7 @@ def main() -> int:
   os.makedirs(out, exist_ok=True)
   summary = {"kind": args.kind, "factor": args.factor, "suite": args.suite, "base": base,
              "head": head, "configs": args.configs, "runs": []}
-  for i in range(args.runs):
+  for i in range(args.first_run - 1, args.first_run - 1 + args.runs):
     workdir = os.path.join(out, f"run{i + 1}")
     command = [sys.executable, "-m", "replibench.cli", "ab", f"--base={base}",
                f"--head={head}", f"--suite={args.suite}", f"--workdir={workdir}", "--norecord"]
@@ -107,11 +110,11 @@ def main() -> int:
     rows = pooled_rows(ab)
     summary["runs"].append({"exit_code": done.returncode, "minutes": round(minutes, 2),
                             "rows": rows})
-    print(f"run {i + 1}/{args.runs}: exit {done.returncode}, {minutes:.1f} min; " + "; ".join(
+    print(f"run {i + 1}: exit {done.returncode}, {minutes:.1f} min; " + "; ".join(
         f"{m} {r['verdict']} {r['estimate']['ratio']:.3f} "
         f"[{r['estimate']['low'] or 0:.3f}, {r['estimate']['high'] or 0:.3f}]"
         for m, r in rows.items() if r["estimate"]), flush=True)
-    with open(os.path.join(out, "summary.json"), "w") as f:
+    with open(os.path.join(out, f"summary-{args.first_run}.json"), "w") as f:
       json.dump(summary, f, indent=1)
   caught = sum(r["exit_code"] == 1 for r in summary["runs"])
   print(f"{args.kind} x{args.factor} on {args.suite}: a regression called in {caught} of "
