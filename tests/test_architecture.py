@@ -11,6 +11,7 @@ length may run between them.
 
 import ast
 import os
+import re
 
 from tests import helpers
 
@@ -34,7 +35,7 @@ ALLOWED = {
 # Modules every package may use: they import nothing else of replibench.
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
           "replibench.results", "replibench.processes", "replibench.rates",
-          "replibench.allocator", "replibench.inputs",
+          "replibench.allocator", "replibench.inputs", "replibench.device_profile",
           "replibench.native_logs"}
 
 
@@ -187,3 +188,15 @@ def test_models_import_nothing_of_replibench():
 def test_the_cycle_finder_finds_a_cycle():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_gin_configurable_is_registered_by_loading_a_config():
+  """gin refuses a configurable first defined after a config was loaded (and locked):
+  every module defining one must be imported by registry.register_all (or with config)."""
+  from replibench.config import registry  # pylint: disable=import-outside-toplevel
+  registered = ("replibench.config",) + registry.PACKAGES + registry.MODULES
+  unregistered = [
+      module for module, path in _modules().items()
+      if re.search(r"gin\.(configurable|external_configurable|register)\b", open(path).read())
+      and not any(module == name or module.startswith(name + ".") for name in registered)]
+  assert not unregistered, unregistered

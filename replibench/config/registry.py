@@ -7,8 +7,9 @@ nameable as soon as its file exists, and a binding to an unknown name is an erro
 
 Packages that import config are not listed (their imports would run back up):
 replibench.config's own Experiment is imported with the package, and
-predict.DeviceProfile by `replibench predict` (predict/command.py), the one
-command whose configs bind it.
+predict.DeviceProfile lives in a module of its own (replibench.device_profile) so
+that it is registered here too: gin refuses a configurable defined after a config
+was loaded (and locked), so a later `import replibench.predict` must add none.
 """
 
 import importlib
@@ -18,7 +19,12 @@ PACKAGES = ("models", "replibench.engine", "replibench.workloads", "replibench.d
             "replibench.eval", "replibench.rl")
 
 
+MODULES = ("replibench.device_profile",)
+
+
 def register_all() -> None:
+  for name in MODULES:
+    importlib.import_module(name)
   for name in PACKAGES:
     package = importlib.import_module(name)
     for module in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
