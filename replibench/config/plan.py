@@ -10,6 +10,7 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 
 import tensorflow as tf
 
+from replibench.config import model_parallel_plan
 from replibench.config.experiment import Experiment
 from replibench.engine import communication
 from replibench.workloads import precision as precision_lib
@@ -22,6 +23,8 @@ def make_plan(experiment: Experiment) -> dict:
   facts = experiment.workload.describe(spec)
   flops = facts.get("train_flops_per_example")
   topology = experiment.topology
+  # A replica spanning devices: one device's share, traced under the mesh's layout.
+  mesh = model_parallel_plan.describe(experiment)
   return {
       "workload": experiment.workload.name,
       "topology": topology.describe(),
@@ -46,7 +49,8 @@ def make_plan(experiment: Experiment) -> dict:
       "total_steps": experiment.total_steps,
       "steps_per_call": experiment.steps_per_call,
       "learning_rate": facts.get("learning_rate"),
-      "communication": communication_account(experiment),
+      "communication": mesh["communication"] if mesh else communication_account(experiment),
+      **({"model_parallel": mesh["facts"]} if mesh else {}),
       "eval_every_steps": experiment.eval_every_steps,
       "target_metric": experiment.workload.target_metric,
       "target": experiment.target,
@@ -98,6 +102,8 @@ def _format(key: str, value) -> str:
             f"state {value['variable_dtype']}, gradients all-reduced in "
             f"{value['gradient_allreduce_dtype']} (the bytes per step below), loss scaling "
             f"{value['loss_scaling']}")
+  if key == "model_parallel" and isinstance(value, dict):
+    return model_parallel_plan.format_facts(value)
   if key == "communication" and isinstance(value, dict):
     kinds = ", ".join(f"{k} {v['count']:g} x {_human('bytes', v['bytes'])}"
                       for k, v in value["by_kind"].items())
