@@ -219,13 +219,8 @@ def _sharded_class():
       return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
               and tf.distribute.get_strategy() is self._distribute_strategy)
 
-    def _get_cross_replica(self):
-      return self._whole()
-
-    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
-      if self._in_own_replica():
-        return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
-      return tf.convert_to_tensor(self._whole(), dtype=dtype, name=name)
+    def _get(self):   # Reads, conversions and operators alike.
+      return super()._get() if self._in_own_replica() else self._whole()
 
     def value(self):
       return super().value() if self._in_own_replica() else self._whole()

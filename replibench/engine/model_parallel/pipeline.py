@@ -113,6 +113,7 @@ class Pipelined(keras.Model):
     """The variables of each stage, in stage order."""
     return [[v for p in stage for v in p.variables] for stage in self.stages]
 
+  @tf.autograph.experimental.do_not_convert   # Plain Python over a static schedule.
   def call(self, *inputs, training=None):
     carry = inputs if len(inputs) > 1 else inputs[0]
     layout = layout_lib.current()
@@ -144,6 +145,7 @@ def _stage_device(layout: layout_lib.Layout, d: int, k: int) -> str:
   return f"/device:CPU:{k}" if layout.planning else layout.device(d, k)
 
 
+@tf.autograph.experimental.do_not_convert
 def _boundary(carry, device: str):
   """carry copied to device, its gradient copied back: each way one send of its
   floating tensors in the communication account."""
@@ -171,6 +173,7 @@ def _micro_batches(carry, n: int) -> list:
   return [tf.nest.pack_sequence_as(carry, [parts[i] for parts in flat]) for i in range(n)]
 
 
+@tf.autograph.experimental.do_not_convert
 def _staged(stage: list, carry, device: str, training):
   """The stage's pieces on device, forward and backward (a custom gradient whose
   backward pass runs there from the forward pass's own tape)."""
