@@ -125,3 +125,17 @@ def test_a_model_axis_that_does_not_divide_a_layer_exits_2():
   assert run.returncode == 2, helpers.failure_report(run)
   message = run.stderr.strip().splitlines()[-1]
   assert "has 16 output channels, which topology.Mesh.model = 3 does not divide" in message
+
+
+def test_stages_are_consecutive_pieces_of_least_largest_cost():
+  from replibench.engine.model_parallel.pipeline import partition  # pylint: disable=import-outside-toplevel
+  assert partition([1, 1, 1, 10, 1], 2) == [0, 3]     # 3 | 11, not 13 | 1.
+  assert partition([5, 5, 5, 5], 4) == [0, 1, 2, 3]
+  assert partition([4, 1, 1, 1, 1], 2) == [0, 1]
+
+
+def test_stage_starts_from_the_config_are_checked():
+  experiment = load_experiment(_config(RESNET, "pipeline.gin"), helpers.TINY[RESNET] + [
+      "model_parallel.pipelined.stage_starts = (9,)"])
+  with pytest.raises(UserError, match=r"stage_starts = \(9,\): need 1 increasing piece indices"):
+    make_plan(experiment)

@@ -9,7 +9,9 @@ Bound in gin around a model builder,
 the model is cut where it says it may be (models/pieces.py: each piece a callable
 carry, training -> carry with the `variables` it uses) and its consecutive
 pieces are grouped into K = topology.Mesh.model stages holding about equal numbers of
-parameters (the memory each device must hold). Inside a replicated step each
+parameters (the memory the model's state takes on each device), or where the config
+says (model_parallel.pipelined.stage_starts: a convolutional network's early,
+high-resolution pieces hold few parameters but most activations and FLOPs). Inside a replicated step each
 replica d splits its batch into n = topology.Mesh.micro_batches micro-batches and
 sends each through stage k on device (d, k), k = 0..K-1; TensorFlow's dataflow
 executor runs micro-batch i on stage k while micro-batch i+1 is on stage k-1. The
@@ -27,7 +29,8 @@ model without such layers, the pipeline computes exactly what one device compute
 A batch that n does not divide (an evaluation's) goes through as one micro-batch.
 """
 
-from typing import Callable
+import math
+from typing import Callable, Sequence
 
 import gin
 import keras
@@ -39,10 +42,12 @@ from replibench.errors import UserError
 
 @gin.configurable(module="model_parallel")
 def pipelined(builder: Callable[..., keras.Model] = gin.REQUIRED,
-              split: Callable | None = None, **kwargs) -> keras.Model:
+              split: Callable | None = None, stage_starts: Sequence[int] | None = None,
+              **kwargs) -> keras.Model:
   """builder(**kwargs) as a pipelined model; split(model) -> its pieces (default: the
-  model's own pieces())."""
-  return Pipelined(builder(**kwargs), split)
+  model's own pieces()); stage_starts: the first piece of each stage after the first
+  (K - 1 increasing indices; default: stages of about equal parameters)."""
+  return Pipelined(builder(**kwargs), split, stage_starts)
 
 
 def partition(costs: list[float], stages: int) -> list[int]:
@@ -51,7 +56,7 @@ def partition(costs: list[float], stages: int) -> list[int]:
   prefix = [0.0]
   for c in costs:
     prefix.append(prefix[-1] + c)
-  # best[k][i]: (largest group cost, starts) splitting the first i pieces into k groups.
+  # best[(k, i)]: (largest group cost, group starts) of the first i pieces in k groups.
   best = {(0, 0): (0.0, [])}
   for k in range(1, stages + 1):
     for i in range(k, n - stages + k + 1):
@@ -64,10 +69,11 @@ def partition(costs: list[float], stages: int) -> list[int]:
 class Pipelined(keras.Model):
   """A model run as a pipeline of its pieces (see the module docstring)."""
 
-  def __init__(self, inner: keras.Model, split: Callable | None = None, **kwargs):
+  def __init__(self, inner: keras.Model, split: Callable | None = None,
+               stage_starts: Sequence[int] | None = None, **kwargs):
     super().__init__(name=f"{inner.name}_pipelined", **kwargs)
     self.inner = inner
-    self._split = split
+    self._split, self._starts = split, stage_starts
     self._layout = layout_lib.current()
     self.stages = None   # [[pieces of stage k], ...] once built.
     if self._layout is not None:
@@ -94,13 +100,24 @@ class Pipelined(keras.Model):
       raise UserError(f"Pipeline: {self.inner.name} can be cut into {len(pieces)} pieces, "
                       f"fewer than the {stages} stages of topology.Mesh.model = {stages}; use "
                       f"fewer devices a replica or a deeper model.")
-    costs = [sum(int(tf.size(v)) for v in p.variables if v.trainable) for p in pieces]
-    starts = partition(costs, stages) + [len(pieces)]
+    costs = [sum(math.prod(v.shape) for v in p.variables if v.trainable) for p in pieces]
+    # One stage (no mesh: a model built to check or to plan the whole) ignores the cuts.
+    starts = ([0, *self._check_starts(len(pieces), stages)] if self._starts and stages > 1
+              else partition(costs, stages)) + [len(pieces)]
     self.stages = [pieces[a:b] for a, b in zip(starts, starts[1:])]
     if self._layout is not None and not self._layout.planning:
       for k, stage in enumerate(self.stages[1:], start=1):
         placement.relocate([v for p in stage for v in p.variables], k)
     self.built = True
+
+  def _check_starts(self, pieces: int, stages: int) -> list[int]:
+    starts = list(self._starts)
+    if len(starts) != stages - 1 or starts != sorted(set(starts)) or not (
+        0 < starts[0] and starts[-1] < pieces):
+      raise UserError(f"model_parallel.pipelined.stage_starts = {tuple(starts)}: need "
+                      f"{stages - 1} increasing piece indices in [1, {pieces - 1}] for "
+                      f"{stages} stages of {self.inner.name}'s {pieces} pieces.")
+    return starts
 
   def _check_cover(self, pieces) -> None:
     used = [id(v) for p in pieces for v in p.variables]
