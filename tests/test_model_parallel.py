@@ -10,6 +10,7 @@ gradients; each reordering moves a result by a few float32 ulps (~1e-7 relative)
 the wrong devices moves the weights by the size of an update (~1e-2).
 """
 
+import dataclasses
 import functools
 
 import gin
@@ -22,6 +23,7 @@ from models.resnet import resnet_pieces, small_resnet
 from replibench import engine, internals
 from replibench.engine import model_parallel
 from replibench.engine.regimes import Sync
+from replibench.errors import UserError
 from replibench.workloads.base import TrainSpec
 from replibench.workloads.classification import ImageClassification
 from tests import helpers
@@ -195,6 +197,17 @@ def test_a_tensor_parallel_model_samples_whole_from_the_host(tensor_parallel):
   sample = tf.function(lambda images: workload.model(images, training=False))   # As a GAN's.
   np.testing.assert_allclose(sample(x).numpy(), reference.model(x, training=False).numpy(),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_a_device_over_its_memory_is_refused_before_training(tensor_parallel):
+  _, (replicator, _, train) = tensor_parallel
+  mesh, ledger = replicator.mesh, train._ledger  # pylint: disable=protected-access
+  replicator.mesh = dataclasses.replace(mesh, device_memory_bytes=1e4)
+  try:
+    with pytest.raises(UserError, match=r"needs \S+ MB \(parameters .*more than its 0.01 MB"):
+      train.trace()   # What the harness calls in init, before any step.
+  finally:
+    replicator.mesh, train._ledger = mesh, ledger  # pylint: disable=protected-access
 
 
 def _split(replicator, variable) -> bool:

@@ -20,6 +20,8 @@ step is traced there. From that:
   fits            whether the largest device total fits topology.Mesh.device_memory_bytes.
 """
 
+import math
+
 import tensorflow as tf
 
 from replibench import internals
@@ -93,9 +95,7 @@ def _variables(workload) -> list:
 
 
 def _bytes(variables) -> int:
-  return sum(int(v.shape.num_elements() if hasattr(v.shape, "num_elements") else
-                 tf.TensorShape(v.shape).num_elements()) * tf.as_dtype(v.dtype).size
-             for v in variables)
+  return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
 
 
 def _devices(mesh: Mesh, layout, workload, graph, share: dict, per_replica: int) -> list:

@@ -21,7 +21,7 @@ import weakref
 
 import tensorflow as tf
 
-from replibench.engine import communication
+from replibench.engine import collectives, communication
 from replibench.engine.model_parallel import layout as layout_lib
 
 KIND = "activations"   # Model-axis traffic in the communication account.
@@ -88,16 +88,10 @@ def all_reduce(x: tf.Tensor) -> tf.Tensor:
   x = tf.identity(x)   # On this device (the replica's device scope).
   return tf.raw_ops.CollectiveReduceV2(
       input=x, group_size=m, group_key=keys.group(d), instance_key=keys.instance((d, slot)),
-      ordering_token=[_unordered_token(x.device)], merge_op="Add", final_op="Id",
-      communication_hint="auto", timeout_seconds=0)
-
-
-def _unordered_token(device: str) -> tf.Tensor:
-  """A resource of its own as the collective's ordering token: keeps tf.function's
-  automatic control dependencies from chaining one device's collectives behind
-  another's (see engine/collectives.py's _unordered_token, the same device)."""
-  with tf.init_scope(), tf.device(device):
-    return tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="")
+      # A resource of its own as the ordering token, as the pair exchanges have: keeps
+      # tf.function's automatic control dependencies from chaining the devices' collectives.
+      ordering_token=[collectives._unordered_token(x.device)],  # pylint: disable=protected-access
+      merge_op="Add", final_op="Id", communication_hint="auto", timeout_seconds=0)
 
 
 @tf.custom_gradient

@@ -42,11 +42,12 @@ class MeshReplicator(Replicator):
     self.tensor_parallel = topology.parallelism == layout_lib.TENSOR
     self.recorder = placement.Recorder()
     self._view = DataAxisView(topology.data, topology.model) if self.tensor_parallel else None
-    if self.tensor_parallel and isinstance(self.regime, Sync) and self.regime.noise_scale:
-      # A device's gradient is part of its replica's: no per-replica norm to compare.
-      logging.info("Tensor parallelism: the gradient noise scale is not measured.")
-      self.regime.noise_scale = False
     if self.tensor_parallel:
+      # A device's gradient is part of its replica's: no per-replica norm to compare, and
+      # no norm to clip by. (The regime is this run's own; Mesh accepts only Sync.)
+      if isinstance(self.regime, Sync) and self.regime.noise_scale:
+        logging.info("Tensor parallelism: the gradient noise scale is not measured.")
+        self.regime.noise_scale = False
       build = self.regime.build_optimizer
 
       def build_optimizer(optimizer, variables):
@@ -150,11 +151,12 @@ class MeshCompiledStep(CompiledStep):
     limit = self.replicator.mesh.device_memory_bytes
     worst = max(self.memory.values(), key=lambda row: row["total"])
     if limit and worst["total"] > limit:
+      parts = ", ".join(f"{k} {v / 1e6:.2f}" for k, v in worst.items() if k != "total")
       raise UserError(
           f"topology.Mesh.device_memory_bytes = {limit:.4g}: a device of this configuration "
-          f"needs {worst['total']:.4g} bytes ({', '.join(f'{k} {v:.4g}' for k, v in worst.items() if k != 'total')}), "
-          f"more than it has. Spread the model over more devices (topology.Mesh.model), or "
-          f"shrink the per-replica batch (activations).")
+          f"needs {worst['total'] / 1e6:.2f} MB ({parts}), more than its "
+          f"{limit / 1e6:.2f} MB. Spread the model over more devices (topology.Mesh.model), "
+          f"or shrink the per-replica batch (activations).")
 
   def step_graph(self) -> tf.Graph:
     """The graph of one replicated step (every replica's ops, placed)."""
