@@ -10,6 +10,8 @@
 #   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
 #   make bench-engine     engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
+#   make bench-model-parallel  memory and step time against the devices a replica spans,
+#                         the pipeline bubble, bytes per axis (results/model_parallel/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
 # `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
@@ -43,6 +45,7 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS)
 FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
+	bench-model-parallel \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
@@ -124,6 +127,10 @@ bench-engine: install
 # The distributed path's scaling, every workload, from one run (issue-12 goals).
 bench-scaling: install data
 	$(PY) benchmarks/scaling.py
+
+# Model parallelism (issue 35): figures, tables and plots into results/model_parallel/.
+bench-model-parallel: install data
+	$(PY) benchmarks/model_parallel.py --out results/model_parallel
 
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir=$(WORKDIR) --host=127.0.0.1
