@@ -12,6 +12,8 @@ Public API (documented in README.md):
                 average may be a Gossip: SwarmSGD); ps.AsyncPS: what
                 regime.build_optimizer / regime.apply_gradients do
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
+  model_parallel  Mesh (replicas spanning devices), MeshReplicator, tensor_parallel_conv,
+                pipelined
   cost          parameter_count, graph_flops, forward_flops, gradient_bytes
 
 Dependencies inside the engine point down: collectives and cluster import no
