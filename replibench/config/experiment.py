@@ -56,6 +56,7 @@ class Experiment:
       raise UserError(f"Experiment.global_batch_size = {self.global_batch_size} with "
                       f"{self.topology.describe()}: {e}") from None
     self.regime.check(self.topology)
+    self.topology.check_experiment(self)
     self.regime.check_workload(self.workload)
     self._check_precision()
 

@@ -10,6 +10,7 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 
 import tensorflow as tf
 
+from replibench.config import model_parallel_plan
 from replibench.config.experiment import Experiment
 from replibench.engine import layers
 from replibench.engine.measure import communication
@@ -24,6 +25,8 @@ def make_plan(experiment: Experiment) -> dict:
   spec, workload, topology = experiment.train_spec(), experiment.workload, experiment.topology
   facts = workload.describe(spec)
   flops = facts.get("train_flops_per_example")
+  # A replica spanning devices: one device's share, traced under the mesh's layout.
+  mesh = model_parallel_plan.describe(experiment)
   return {
       "workload": workload.name,
       "topology": topology.describe(),
@@ -48,7 +51,8 @@ def make_plan(experiment: Experiment) -> dict:
       "total_steps": spec.total_steps,
       "steps_per_call": spec.steps_per_call,
       "learning_rate": facts.get("learning_rate"),
-      "communication": communication_account(experiment),
+      "communication": mesh["communication"] if mesh else communication_account(experiment),
+      **({"model_parallel": mesh["facts"]} if mesh else {}),
       "eval_every_steps": experiment.eval_every_steps,
       "target_metric": workload.target_metric,
       "target": experiment.target,
@@ -110,6 +114,8 @@ def _format(key: str, value) -> str:
             f"state {value['variable_dtype']}, gradients all-reduced in "
             f"{value['gradient_allreduce_dtype']} (the bytes per step below), loss scaling "
             f"{value['loss_scaling']}")
+  if key == "model_parallel" and isinstance(value, dict):
+    return model_parallel_plan.format_facts(value)
   if key == "communication" and isinstance(value, dict):
     kinds = ", ".join(f"{k} {v['count']:g} x {_human('bytes', v['bytes'])}"
                       for k, v in value["by_kind"].items())

@@ -16,6 +16,8 @@ Public API (documented in README.md):
   regimes       Sync (default), LocalSGD, Compressed, Gossip, GradientTracking, AsyncPS,
                 BackupPS: regime.build_optimizer, metrics = regime.apply_gradients(...)
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
+  model_parallel  Mesh (replicas spanning devices), MeshReplicator, tensor_parallel_conv,
+                pipelined
   measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes)
 
 Dependencies inside the engine point down: cluster imports no other engine module,

@@ -34,6 +34,11 @@ class Topology:
     """Whether this process writes the run's files (known before any device work)."""
     return True
 
+  def check_experiment(self, experiment) -> None:
+    """Raises UserError if this topology cannot run the experiment (its regime,
+    precision or batch); called by the experiment's validation, before any device work."""
+    del experiment
+
   def describe(self) -> str:
     fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
     return f"{type(self).__name__}({fields})"

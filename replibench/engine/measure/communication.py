@@ -7,6 +7,8 @@ active Ledger with its kind and payload (bytes one replica contributes):
   batch_norm  cross-replica batch statistics (forward; their gradient adds one more)
   outputs     the step outputs, reduced once per call of steps_per_call steps
   parameters  parameter / optimizer-state exchange (local SGD, gossip)
+  activations the model axis of a replica spanning devices (engine/model_parallel):
+              tensor-parallel all-reduces, a pipeline's stage-to-stage sends
   other       anything else a step_fn all-reduces or gathers
 
 Each entry also names its collective (all_reduce, all_gather, all_to_all) and the replicas
@@ -44,7 +46,7 @@ import time
 
 import tensorflow as tf
 
-KINDS = ("gradients", "batch_norm", "outputs", "parameters", "other")
+KINDS = ("gradients", "batch_norm", "outputs", "parameters", "activations", "other")
 COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2",
                   "CollectiveBcastSendV2", "CollectiveBcastRecvV2", "CollectiveReduce",
                   "CollectiveGather")
@@ -87,11 +89,12 @@ class Entry(collections.namedtuple("Entry", "kind payload collective group_size 
 
   def wire_bytes(self, num_replicas: int) -> float:
     """Bytes one participating replica sends for this collective (ring algorithms;
-    an all-to-all sends each other replica its row: (n-1)/n of the payload)."""
+    an all-to-all sends each other replica its row: (n-1)/n of the payload; a 'send'
+    of a pipeline stage goes once to one device)."""
     n = self.group_size or num_replicas
     if n <= 1:
       return 0.0
-    factor = {"all_gather": n - 1, "all_to_all": (n - 1) / n}.get(
+    factor = {"all_gather": n - 1, "all_to_all": (n - 1) / n, "send": 1.0}.get(
         self.collective, 2.0 * (n - 1) / n)
     return factor * self.payload
 
@@ -204,8 +207,9 @@ def replay(strategy, entries: list[Entry], repeats: int = 20, wire_counter=None,
   ops = dict(_REPLAYED, **({"all_to_all": _rows(all_to_all)} if all_to_all else {}))
   for collective, op in ops.items():
     # Pairwise (group_size 2) exchanges are replayed over all replicas: an upper bound.
+    # The model axis's (activations) run inside a replica, not among replicas: left out.
     sizes = [max(1, e.payload // 4) for e in entries
-             if e.kind != "outputs" and e.collective == collective]
+             if e.kind not in ("outputs", "activations") and e.collective == collective]
     if sizes:
       measured = _replay_chain(strategy, collective, op, sizes, repeats, wire_counter)
       found["seconds"] += measured.seconds
