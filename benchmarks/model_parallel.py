@@ -94,13 +94,12 @@ def _row(result: dict, planned: dict) -> dict:
   devices = record["device_memory_bytes"]
   largest = max(devices.values(), key=lambda r: r["total"])
   facts = planned["model_parallel"]
-  kinds = result["communication"]["by_kind"]
   return {"examples_per_s": result["examples_per_s"],
           "step_s": result["global_batch_size"] / result["examples_per_s"],
           "device": largest, "planned_max_device_bytes": facts["max_device_bytes"],
-          "model_axis_bytes": record["model_axis_bytes_per_step"],
-          "data_axis_bytes": record["data_axis_bytes_per_step"],
-          "model_axis_collectives": kinds.get("activations", {}).get("count", 0),
+          "model_axis_bytes": record["model_axis"]["payload_bytes_per_step"],
+          "data_axis_bytes": record["data_axis"]["payload_bytes_per_step"],
+          "model_axis_collectives": record["model_axis"]["collectives_per_step"],
           "planned_model_axis_wire": facts["model_axis"]["wire_bytes_per_step"],
           "bubble_fraction": facts["bubble_fraction"]}
 

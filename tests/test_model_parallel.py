@@ -22,9 +22,8 @@ import tensorflow as tf
 from models.resnet import resnet_pieces, small_resnet
 from replibench import engine, internals
 from replibench.engine import model_parallel
-from replibench.engine.regimes import Sync
+from replibench.engine.regimes import ShardedSync, Sync
 from replibench.errors import UserError
-from replibench.workloads.base import TrainSpec
 from replibench.workloads.classification import ImageClassification
 from tests import helpers
 
@@ -64,12 +63,11 @@ def _train(topology, model_fn):
   replicator = engine.make_replicator(topology, Sync())
   workload = ImageClassification(model=model_fn, data=_Images(), base_lr_per_256=3.2,
                                  warmup_epochs=0.0, weight_decay=5e-4)
-  spec = TrainSpec(GLOBAL_BATCH, replicator.num_replicas, seed=0, steps_per_epoch=STEPS,
-                   total_steps=STEPS, regime=replicator.regime)
+  spec = engine.TrainSpec(GLOBAL_BATCH, replicator.num_replicas, seed=0, steps_per_epoch=STEPS,
+                          total_steps=STEPS, regime=replicator.regime, steps_per_call=STEPS)
   with replicator.scope():
     workload.build(spec)
-  train = replicator.compile(workload.step_fn, workload.input_fn, GLOBAL_BATCH,
-                             steps_per_call=STEPS)
+  train = replicator.compile(workload.step_fn, workload.input_fn, spec)
   train.trace()
   assert np.isfinite(train()["loss"])
   return replicator, workload, train
@@ -134,6 +132,7 @@ def test_pipeline_over_micro_batches_matches_one_device(pipeline):
 def test_tensor_parallel_copies_are_identical_and_each_device_holds_its_share(tensor_parallel):
   (_, reference, _), (replicator, workload, _) = tensor_parallel
   devices = replicator.layout.devices
+  assert type(replicator.regime) is ShardedSync   # noqa: E721  (the topology's, from Sync)
   trainable = {id(v) for v in workload.model.trainable_variables}
   split_bytes = 0
   for v in _state(workload):
@@ -152,7 +151,7 @@ def test_tensor_parallel_copies_are_identical_and_each_device_holds_its_share(te
   assert names == {"stage1_block1_conv1", "stage1_block1_conv2", "stage1_block1_norm1",
                    "stage2_block1_conv1", "stage2_block1_conv2", "stage2_block1_norm1"}
   full = sum(4 * v.shape.num_elements() for v in reference.model.trainable_variables)
-  held = replicator.recorder.device_bytes(replicator.strategy)
+  held = replicator.recorder.held_bytes(replicator.strategy)
   assert len(held) == 4
   for device, kinds in held.items():   # Whole layers, plus half of each split one.
     assert kinds["parameters"] == full - split_bytes // 2, device
@@ -168,7 +167,7 @@ def test_pipeline_stages_live_on_their_devices(pipeline):
     for v in stage:
       placed = [c.device for c in _components(replicator, v)]
       assert placed == [engine_device(devices[k]), engine_device(devices[2 + k])], v.path
-  held = replicator.recorder.device_bytes(replicator.strategy)
+  held = replicator.recorder.held_bytes(replicator.strategy)
   stage_bytes = [sum(4 * v.shape.num_elements() for v in stage if v.trainable)
                  for stage in stages]
   for d in range(2):

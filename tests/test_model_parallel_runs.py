@@ -1,16 +1,20 @@
 """Model parallelism through the whole stack: ResNet and SN-GAN trained end to end with
-each kind, plan and predict per device and axis, and bad topologies as one-paragraph
-errors (exit 2)."""
+each kind, a pipeline whose data axis spans two launched worker processes (the model
+axis inside each), plan and predict per device and axis, and bad topologies as
+one-paragraph errors (exit 2: tests/test_bad_inputs.py runs them through the CLI)."""
 
 import dataclasses
 import math
 import os
 
+import keras
 import pytest
 
 from replibench.config import load_experiment
 from replibench.config.plan import format_plan, make_plan
 from replibench.engine import model_parallel
+from replibench.engine.model_parallel.pipeline import partition
+from replibench.engine.regimes import ShardedSync, Sync
 from replibench.errors import UserError
 from replibench.harness.loop import run_experiment
 from replibench.predict import hardware, model_parallel as predict_mp
@@ -18,35 +22,89 @@ from tests import helpers
 
 RESNET, SNGAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist.gin"
 # Two training steps of batch 64 of a two-block ResNet, two evaluations of 200 images;
-# pipelines over 2 micro-batches (tracing grows with micro-batches x pieces).
+# pipelines over 2 micro-batches (tracing grows with micro-batches x pieces). No
+# augmentation and a small learning rate: the pipelined ResNet is also the reference of
+# the launched workers' run (tests/test_multiworker.py says why).
 SHORT = {RESNET: ["Experiment.global_batch_size = 64", "Experiment.train_epochs = 0.05",
                   "Experiment.eval_every_epochs = 0.025", "FashionMNIST.num_eval_examples = 200",
                   "ImageClassification.eval_batch_size = 200", "small_resnet.widths = (4, 8)",
-                  "small_resnet.blocks_per_stage = (1, 1)"],
+                  "small_resnet.blocks_per_stage = (1, 1)", "FashionMNIST.augment = False",
+                  "ImageClassification.base_lr_per_256 = 0.01"],
          SNGAN: [], "pipeline.gin": ["topology.Mesh.micro_batches = 2"], "tensor_parallel.gin": []}
 
 
+def _files(workload: str, fragment: str) -> list[str]:
+  return [workload, os.path.join(os.path.dirname(workload), fragment)]
+
+
+def _bindings(workload: str, fragment: str) -> list[str]:
+  return helpers.TINY[workload] + SHORT[workload] + SHORT[fragment]
+
+
 def _config(workload: str, fragment: str) -> list[str]:
-  return [os.path.join(helpers.REPO, workload),
-          os.path.join(helpers.REPO, os.path.dirname(workload), fragment)]
+  return [os.path.join(helpers.REPO, f) for f in _files(workload, fragment)]
+
+
+def _train(workload: str, fragment: str, workdir):
+  experiment = load_experiment(_config(workload, fragment), _bindings(workload, fragment))
+  return run_experiment(experiment, str(workdir))
+
+
+@pytest.fixture(scope="module")
+def resnet_pipeline(tmp_path_factory):
+  """The pipelined ResNet trained in this process: (its result, its workdir)."""
+  workdir = tmp_path_factory.mktemp("resnet_pipeline")
+  return _train(RESNET, "pipeline.gin", workdir), workdir
 
 
 @pytest.mark.parametrize("workload", [RESNET, SNGAN], ids=["resnet", "sngan"])
 @pytest.mark.parametrize("fragment", ["tensor_parallel.gin", "pipeline.gin"])
-def test_trains_end_to_end(workload, fragment, tmp_path):
-  experiment = load_experiment(_config(workload, fragment),
-                               helpers.TINY[workload] + SHORT[workload] + SHORT[fragment])
-  result = run_experiment(experiment, str(tmp_path))
+def test_trains_end_to_end(workload, fragment, tmp_path, request):
+  if (workload, fragment) == (RESNET, "pipeline.gin"):
+    result, tmp_path = request.getfixturevalue("resnet_pipeline")
+  else:
+    result = _train(workload, fragment, tmp_path)
   assert result.status == "budget_exhausted" and result.num_replicas == 2
   assert len(result.curve) >= 2 and all(math.isfinite(m) for _, _, m in result.curve)
   assert result.examples_per_s > 0 and result.target_metric in helpers.event_tags(tmp_path)
-  record = result.communication["model_parallel"]
-  assert (record["data"], record["model"]) == (2, 2)
-  assert record["model_axis_bytes_per_step"] > 0 and record["data_axis_bytes_per_step"] > 0
-  held = record["device_memory_bytes"]
+  account = result.communication
+  record = account.model_parallel
+  assert (record.data, record.model, record.workers) == (2, 2, 0)
+  assert record.model_axis["collectives_per_step"] > 0
+  assert record.model_axis["payload_bytes_per_step"] > 0
+  assert record.data_axis["payload_bytes_per_step"] > 0
+  assert account.by_kind["activations"]["count"] == record.model_axis["collectives_per_step"]
+  # The model axis stays inside a replica: what a replica sends is the data axis's alone.
+  assert account.wire_bytes_per_replica_per_step == record.data_axis["wire_bytes_per_step"]
+  held = record.device_memory_bytes
   assert len(held) == 4 and all(row["parameters"] > 0 and row["activations"] > 0
                                 for row in held.values())
-  assert result.communication["by_kind"]["activations"]["count"] > 0
+  if fragment == "tensor_parallel.gin":   # A device holds part of its replica's gradient.
+    assert result.noise_scale is None
+
+
+def test_two_worker_processes_each_hold_a_pipelined_replica(resnet_pipeline, tmp_path):
+  """topology.Mesh.workers = 2: the data axis across 2 launched processes
+  (MultiWorkerMirroredStrategy), each a replica of 2 logical CPU devices (its two
+  stages), trains as the 2 x 2 mesh of one process; the wire carries the data axis's
+  bytes alone, so the stage-to-stage sends stayed inside each worker."""
+  (reference, reference_dir), workdir = resnet_pipeline, tmp_path / "workers"
+  launched = helpers.cli("launch", "--workers=2", "--timeout=500", "--", "run",
+                         *(f"--gin_file={f}" for f in _files(RESNET, "pipeline.gin")),
+                         *(f"--gin_bindings={b}" for b in _bindings(RESNET, "pipeline.gin")),
+                         "--gin_bindings=topology.Mesh.workers = 2", f"--workdir={workdir}")
+  assert launched.returncode == 0, helpers.failure_report(launched)
+  assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
+  helpers.check_wire_account(launched, workdir)
+  result = helpers.result(workdir)
+  assert (result.num_replicas, result.num_workers) == (2, 2)
+  record = result.communication.model_parallel
+  assert record.workers == 2 and record.model_axis == reference.communication.model_parallel[
+      "model_axis"]
+  held = record.device_memory_bytes   # The chief's own two devices, a stage each.
+  assert sorted(held) == [f"/job:worker/replica:0/task:0/device:CPU:{k}" for k in (0, 1)]
+  assert all(row["parameters"] > 0 for row in held.values())
+  helpers.assert_same_training(reference_dir, workdir)
 
 
 FIT = ["configs/resnet/fashion_mnist.gin", "configs/resnet/model_parallel_fit.gin"]
@@ -92,12 +150,18 @@ def test_plan_reports_a_pipelines_stages_and_bubble():
   assert all(row["parameter_bytes"] > 0 and row["train_flops_per_step"] > 0
              for row in facts["per_device"])
   assert facts["model_axis"]["collectives_per_step"] == 2 * (4 + 1)   # 4 boundary sends + back.
+  # The plan's account is the run's: the sends in by_kind, not on a replica's wire.
+  account = plan["communication"]
+  assert account["by_kind"]["activations"]["count"] == facts["model_axis"]["collectives_per_step"]
+  assert account["wire_bytes_per_replica_per_step"] == facts["data_axis"]["wire_bytes_per_step"]
 
 
 @pytest.mark.parametrize("kwargs,culprit", [
     (dict(model=0), "topology.Mesh.model = 0"),
     (dict(parallelism="sequence"), "topology.Mesh.parallelism"),
     (dict(micro_batches=4), "micro-batches are a pipeline's"),
+    (dict(workers=2, data=2), "tensor parallelism across worker processes is not supported"),
+    (dict(workers=2, data=1, parallelism="pipeline"), "so data must be 2 too"),
 ])
 def test_bad_mesh_values(kwargs, culprit):
   with pytest.raises(UserError, match=culprit):
@@ -119,16 +183,21 @@ def test_configs_a_mesh_cannot_run(bindings, culprit):
     load_experiment(_config(RESNET, "tensor_parallel.gin"), bindings)
 
 
-def test_a_model_axis_that_does_not_divide_a_layer_exits_2():
-  run = helpers.cli("plan", f"--gin_file={RESNET}", "--gin_file=configs/resnet/tensor_parallel.gin",
-                    "--gin_bindings=topology.Mesh.model = 3")
-  assert run.returncode == 2, helpers.failure_report(run)
-  message = run.stderr.strip().splitlines()[-1]
-  assert "has 16 output channels, which topology.Mesh.model = 3 does not divide" in message
+def test_a_tensor_parallel_mesh_runs_sync_without_what_needs_a_whole_gradient():
+  mesh = model_parallel.Mesh(data=2, model=2)
+  sharded = mesh.regime_for(Sync())
+  assert type(sharded) is ShardedSync and not sharded.noise_scale   # noqa: E721
+  assert mesh.regime_for(sharded) is sharded and sharded.setting() == "sync"
+  pipeline = model_parallel.Mesh(data=2, model=2, parallelism="pipeline")
+  regime = Sync()
+  assert pipeline.regime_for(regime) is regime
+  experiment = load_experiment(_config(RESNET, "tensor_parallel.gin"), [])
+  assert type(experiment.train_spec().regime) is ShardedSync   # noqa: E721
+  with pytest.raises(UserError, match="clips gradients by norm"):
+    sharded.build_optimizer(keras.optimizers.SGD(0.1, clipnorm=1.0), [])
 
 
 def test_stages_are_consecutive_pieces_of_least_largest_cost():
-  from replibench.engine.model_parallel.pipeline import partition  # pylint: disable=import-outside-toplevel
   assert partition([1, 1, 1, 10, 1], 2) == [0, 3]     # 3 | 11, not 13 | 1.
   assert partition([5, 5, 5, 5], 4) == [0, 1, 2, 3]
   assert partition([4, 1, 1, 1, 1], 2) == [0, 1]
@@ -139,3 +208,4 @@ def test_stage_starts_from_the_config_are_checked():
       "model_parallel.pipelined.stage_starts = (9,)"])
   with pytest.raises(UserError, match=r"stage_starts = \(9,\): need 1 increasing piece indices"):
     make_plan(experiment)
+

@@ -9,63 +9,62 @@ step is traced there. From that:
   parameters, optimizer state, other state   bytes of the variables a device holds
       (a pipeline stage: its pieces' parameters, and optimizer state in proportion);
   activations     bytes of the forward tensors the backward pass reads, per device
-      (engine/model_parallel/memory.py; a pipeline keeps all n micro-batches');
+      (engine/measure/device_memory.py; a pipeline keeps all n micro-batches');
   FLOPs           per step: the workload's train FLOPs per example of the device's
       share (tensor) or of the model split by each stage's share of the traced
       step's FLOPs (pipeline), times the per-replica batch;
   bytes per step  the model axis (activations: tensor-parallel all-reduces, pipeline
       sends) and the data axis (gradients, batch-norm moments, outputs), as
-      payload and as bytes put on the wire (ring algorithms) by each device;
+      payload and as bytes put on the wire (ring algorithms) by each device
+      (engine/measure/communication.by_axis, as the run reports them);
   bubble          a pipeline's idle share, (K-1)/(n+K-1);
   fits            whether the largest device total fits topology.Mesh.device_memory_bytes.
 """
 
+import contextlib
 import math
 
 import tensorflow as tf
 
 from replibench import internals
-from replibench.engine.measure import communication, cost
-from replibench.engine.model_parallel import Mesh, layout as layout_lib, memory
+from replibench.engine.measure import communication, cost, device_memory
+from replibench.engine.model_parallel import Mesh, layout as layout_lib
 from replibench.engine.model_parallel.mesh import check_split
 
-MODEL_AXIS = "activations"
 
-
-def describe(experiment) -> dict | None:
-  """{'communication': the step's account, 'facts': the model_parallel plan entry}, or
-  None when the topology is not a Mesh."""
+@contextlib.contextmanager
+def planning(experiment):
+  """The layout one replica's step is planned under (active inside the block), or None
+  when the topology is not a Mesh: models built and traced in the block are one device's
+  share (tensor) or staged (pipeline), on no device."""
   mesh = experiment.topology
   if not isinstance(mesh, Mesh):
-    return None
-  workload, spec = experiment.workload, experiment.train_spec()
-  per_replica = experiment.global_batch_size // mesh.data
-  with layout_lib.active(mesh.layout()):
-    share = workload.describe(spec)   # FLOPs of a device's share (tensor) or the model.
+    yield None
+    return
   layout = mesh.layout()
   with layout_lib.active(layout):
-    workload.build_learner(spec)
-    check_split(layout)
-    step = tf.function(lambda batch: workload.step_fn(batch))
-    with communication.Ledger() as ledger:
-      graph = step.get_concrete_function(workload.element_spec(per_replica)).graph
-      communication.record("outputs", [tf.zeros([1])], cross_replica=True)
-  entries = ledger.entries()
-  devices = _devices(mesh, layout, workload, graph, share, per_replica)
-  totals = [row["total"] for row in devices]
-  facts = {
+    yield layout
+
+
+def facts(experiment, layout: layout_lib.Layout, entries: list, graph: tf.Graph) -> dict:
+  """The plan's model_parallel entry, from the step traced under `planning` (its
+  communication entries and graph)."""
+  mesh, workload, spec = experiment.topology, experiment.workload, experiment.train_spec()
+  check_split(layout)
+  with layout_lib.active(mesh.layout()):   # Its own: the models describe builds split alike.
+    share = workload.describe(spec)   # FLOPs of a device's share (tensor) or the model.
+  devices = _devices(mesh, layout, workload, graph, share, spec.per_replica_batch_size)
+  largest = max(row["total"] for row in devices)
+  return {
       "parallelism": mesh.parallelism, "data": mesh.data, "model": mesh.model,
-      "micro_batches": mesh.micro_batches,
+      "micro_batches": mesh.micro_batches, "workers": mesh.workers,
       "bubble_fraction": _bubble(mesh),
       "per_device": devices,
-      "max_device_bytes": max(totals),
-      "model_axis": _axis([e for e in entries if e.kind == MODEL_AXIS], experiment, mesh),
-      "data_axis": _axis([e for e in entries if e.kind != MODEL_AXIS], experiment, mesh),
+      "max_device_bytes": largest,
+      **communication.by_axis(entries, spec.steps_per_call, mesh.data),
       "device_memory_bytes": mesh.device_memory_bytes or None,
-      "fits": (max(totals) <= mesh.device_memory_bytes) if mesh.device_memory_bytes else None,
+      "fits": (largest <= mesh.device_memory_bytes) if mesh.device_memory_bytes else None,
   }
-  account = communication.summarize(entries, experiment.steps_per_call, mesh.data)
-  return {"communication": account, "facts": facts}
 
 
 def _bubble(mesh: Mesh) -> float:
@@ -73,14 +72,6 @@ def _bubble(mesh: Mesh) -> float:
     return 0.0
   k, n = mesh.model, mesh.micro_batches
   return round((k - 1) / (n + k - 1), 4)
-
-
-def _axis(entries: list, experiment, mesh: Mesh) -> dict:
-  """Collectives per step, payload and wire bytes of one device, for these entries."""
-  account = communication.summarize(entries, experiment.steps_per_call, mesh.data)
-  return {"collectives_per_step": account["collectives_per_step"],
-          "payload_bytes_per_step": account["bytes_per_step"],
-          "wire_bytes_per_step": account["wire_bytes_per_replica_per_step"]}
 
 
 def _variables(workload) -> list:
@@ -107,7 +98,7 @@ def _devices(mesh: Mesh, layout, workload, graph, share: dict, per_replica: int)
   params = [v for v in variables if v.trainable]
   optimizer = [v for v in variables if id(v) in slots]
   other = [v for v in variables if not v.trainable and id(v) not in slots]
-  kept = memory.activation_bytes(graph)
+  kept = device_memory.activation_bytes(graph)
   flops_step = (share.get("train_flops_per_example") or 0) * per_replica
   if mesh.parallelism == layout_lib.TENSOR:
     return [_row(0, _bytes(params), _bytes(optimizer), _bytes(other), sum(kept.values()),
@@ -117,7 +108,7 @@ def _devices(mesh: Mesh, layout, workload, graph, share: dict, per_replica: int)
     for k, stage in enumerate(pipeline.stage_variables()):
       stage_of.update({id(v): k for v in stage})
   ratio = _bytes(optimizer) / max(1, _bytes(params))   # Slot bytes a parameter byte.
-  by_device = memory.flops(graph)
+  by_device = device_memory.flops(graph)
   names = [internals.canonical_device(f"/device:CPU:{k}") for k in range(mesh.model)]
   total_flops = max(1, sum(by_device.values()))
   rows = []

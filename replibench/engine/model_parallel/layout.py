@@ -55,6 +55,10 @@ class Layout:
   def device(self, d: int, m: int) -> str:
     return self.devices[d * self.model + m]
 
+  def rows(self) -> list[tuple]:
+    """The devices of each replica d: (d, 0) .. (d, M-1)."""
+    return [self.devices[d * self.model:(d + 1) * self.model] for d in range(self.data)]
+
   def coordinates(self) -> tuple[int, int]:
     """(d, m) of the replica whose step is being traced; (0, 0) when planning.
 
