@@ -106,7 +106,16 @@ class Mesh(Topology):
     return self.data * self.model
 
   def is_chief(self) -> bool:
-    return cluster.current().is_chief if self.workers else True
+    return self._cluster().is_chief if self.workers else True
+
+  def _cluster(self) -> cluster.Cluster:
+    if not cluster.present():
+      raise UserError(
+          f"{BINDING}.workers = {self.workers} runs one replica in each of {self.workers} "
+          f"worker processes, which need TF_CONFIG (cluster and task), as Kubeflow and other "
+          f"launchers set it; on this machine: `replibench launch --workers {self.workers} "
+          f"-- run ...`, or set workers = 0 for one process.")
+    return cluster.current()
 
   def describe_devices(self) -> str:
     how = ("tensor-parallel layers" if self.parallelism == layout_lib.TENSOR else
@@ -129,7 +138,7 @@ class Mesh(Topology):
     replica d is the worker of cluster index d)."""
     if self.workers:
       return [f"/job:{job}/replica:0/task:{index}/device:CPU:{k}"
-              for job, index in cluster.current().training_tasks() for k in range(self.model)]
+              for job, index in self._cluster().training_tasks() for k in range(self.model)]
     try:
       return devices_lib.local_devices(self.num_devices, self.device)
     except UserError as e:
@@ -141,7 +150,7 @@ class Mesh(Topology):
     names = self.devices()
     if not self.workers:
       return names
-    first = cluster.current().worker_index * self.model
+    first = self._cluster().worker_index * self.model
     return names[first:first + self.model]
 
   def make_strategy(self) -> tf.distribute.Strategy:
@@ -161,6 +170,7 @@ class Mesh(Topology):
   def _multi_worker_strategy(self) -> tf.distribute.Strategy:
     """One replica a worker, on its first logical CPU; its stages on the other M - 1
     (made before the strategy starts TensorFlow's runtime: the device list is fixed then)."""
+    self._cluster()   # Its message first: TF_CONFIG for this topology.
     devices_lib.ensure_logical_cpus(self.model)
     strategy = multi_worker_strategy(self.workers, BINDING)
     if strategy.num_replicas_in_sync != self.data:
