@@ -15,6 +15,8 @@
 #   make history          the results history's HTML dashboard with change points (runs/history/)
 #   make bench-throughput the full-size models on synthetic data: images/s per device,
 #                         step time, fraction of peak, memory, scaling (results/throughput/)
+#   make bench-model-parallel  memory and step time against the devices a replica spans,
+#                         the pipeline bubble, bytes per axis (results/model_parallel/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
 # `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
@@ -49,6 +51,7 @@ FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
 	bench-ab history bench-throughput \
+	bench-model-parallel \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
@@ -159,6 +162,10 @@ bench-scaling: install data
 # (an estimate: 45 min); results/throughput/README.md.
 bench-throughput: install
 	$(PY) benchmarks/throughput.py $(THROUGHPUT_ARGS)
+
+# Model parallelism (issue 35): figures, tables and plots into results/model_parallel/.
+bench-model-parallel: install data
+	$(PY) benchmarks/model_parallel.py --out results/model_parallel
 
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir=$(WORKDIR) --host=127.0.0.1

@@ -10,6 +10,14 @@ Normalisation is a factory, `norm_layer(name=...) -> keras.layers.Layer`, so a
 config can inject a cross-replica batch norm without this module knowing the
 engine. Weight decay is not a kernel_regularizer: the training step adds its own
 L2 term over `decayed_weights(model)`.
+
+Where the model may be split across devices (it says where, never how):
+- tensor parallelism: each residual unit builds its convolutions with a `conv_layer`
+  factory (default `models.layers.conv2d`, whole layers) and names a Megatron pair,
+  the first convolution split by output channels, the next by input channels, with
+  only its norm and ReLU between them (in gin: basic_block.conv_layer = ...);
+- a pipeline: `resnet_pieces(model)` cuts the model after its stem and after every
+  residual block.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from typing import Callable, Sequence
 import gin
 import keras
 
-from models.layers import MeanAggregatedBatchNorm
+from models import pieces as pieces_lib
+from models.layers import SPLIT_INPUT, SPLIT_OUTPUT, MeanAggregatedBatchNorm, conv2d
 
 NormFactory = Callable[..., keras.layers.Layer]
 
@@ -49,9 +58,10 @@ def _zero_gamma(layer: keras.layers.Layer) -> None:
   gamma.assign(keras.ops.zeros(gamma.shape, dtype=gamma.dtype))
 
 
-def _conv(filters: int, kernel_size: int, strides: int, name: str) -> keras.layers.Conv2D:
-  return keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same",
-                             use_bias=False, kernel_initializer=_CONV_INIT, name=name)
+def _conv(filters: int, kernel_size: int, strides: int, name: str, conv_layer=conv2d,
+          split: str | None = None) -> keras.layers.Layer:
+  return conv_layer(filters, kernel_size, strides=strides, padding="same", use_bias=False,
+                    kernel_initializer=_CONV_INIT, name=name, split=split)
 
 
 def _projection(x, filters: int, strides: int, norm_layer: NormFactory, name: str):
@@ -64,13 +74,14 @@ def _projection(x, filters: int, strides: int, norm_layer: NormFactory, name: st
 
 @gin.configurable
 def basic_block(x, filters: int, strides: int, norm_layer: NormFactory, name: str,
-                zero_init_residual: bool = True):
-  """Two 3x3 convs (ResNet-18/34 unit); output has `filters` channels."""
+                zero_init_residual: bool = True, conv_layer=conv2d):
+  """Two 3x3 convs (ResNet-18/34 unit); output has `filters` channels. The two convs
+  are a pair a model-parallel conv_layer may split (see the module docstring)."""
   shortcut = _projection(x, filters, strides, norm_layer, name)
-  y = _conv(filters, 3, strides, name=f"{name}_conv1")(x)
+  y = _conv(filters, 3, strides, f"{name}_conv1", conv_layer, SPLIT_OUTPUT)(x)
   y = norm_layer(name=f"{name}_norm1")(y)
   y = keras.layers.ReLU(name=f"{name}_relu1")(y)
-  y = _conv(filters, 3, 1, name=f"{name}_conv2")(y)
+  y = _conv(filters, 3, 1, f"{name}_conv2", conv_layer, SPLIT_INPUT)(y)
   last_norm = norm_layer(name=f"{name}_norm2")
   y = last_norm(y)
   if zero_init_residual:
@@ -84,17 +95,18 @@ basic_block.expansion = 1
 
 @gin.configurable
 def bottleneck_block(x, filters: int, strides: int, norm_layer: NormFactory, name: str,
-                     zero_init_residual: bool = True):
-  """1x1 -> 3x3 (strided, v1.5) -> 1x1 (x4); output has 4 * `filters` channels."""
+                     zero_init_residual: bool = True, conv_layer=conv2d):
+  """1x1 -> 3x3 (strided, v1.5) -> 1x1 (x4); output has 4 * `filters` channels. The
+  1x1 and the 3x3 are a pair a model-parallel conv_layer may split; the last 1x1 is whole."""
   out_filters = 4 * filters
   shortcut = _projection(x, out_filters, strides, norm_layer, name)
-  y = _conv(filters, 1, 1, name=f"{name}_conv1")(x)
+  y = _conv(filters, 1, 1, f"{name}_conv1", conv_layer, SPLIT_OUTPUT)(x)
   y = norm_layer(name=f"{name}_norm1")(y)
   y = keras.layers.ReLU(name=f"{name}_relu1")(y)
-  y = _conv(filters, 3, strides, name=f"{name}_conv2")(y)
+  y = _conv(filters, 3, strides, f"{name}_conv2", conv_layer, SPLIT_INPUT)(y)
   y = norm_layer(name=f"{name}_norm2")(y)
   y = keras.layers.ReLU(name=f"{name}_relu2")(y)
-  y = _conv(out_filters, 1, 1, name=f"{name}_conv3")(y)
+  y = _conv(out_filters, 1, 1, f"{name}_conv3", conv_layer)(y)
   last_norm = norm_layer(name=f"{name}_norm3")
   y = last_norm(y)
   if zero_init_residual:
@@ -209,6 +221,16 @@ def small_resnet(num_classes: int = 10, widths: Sequence[int] = (16, 32, 64),
       dropout=dropout, head_init="glorot_uniform", name="small_resnet")
 
 
+@gin.configurable
+def resnet_pieces(model: keras.Model) -> list[pieces_lib.Piece]:
+  """A ResNet of this module cut after its stem and after every residual block: the
+  points where a pipeline may place a stage boundary (models/pieces.py)."""
+  names = [layer.name for layer in model.layers]
+  stem_end = "stem_pool" if "stem_pool" in names else "stem_relu"
+  blocks = [n for n in names if n.startswith("stage") and n.endswith("_out")]
+  return pieces_lib.functional_pieces(model, [stem_end] + blocks)
+
+
 _DECAYED_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel")
 
 
@@ -227,4 +249,4 @@ def decayed_weights(model: keras.Model) -> list:
 
 
 __all__ = ["basic_block", "batch_norm", "bottleneck_block", "decayed_weights", "resnet50",
-           "small_resnet"]
+           "resnet_pieces", "small_resnet"]

@@ -20,6 +20,14 @@ gin's __init__ wrapper), so gin configures the builder functions below. Two size
     sngan_discriminator.widths = (1, 2, 4, 8, 16, 16)
     sngan_discriminator.downsample = (True, True, True, True, True, False)
     sngan_discriminator.in_channels = 3
+
+Where the models may be split across devices (they say where, never how): each
+generator block builds its two 3x3 convolutions with `conv_layer` (default
+models.layers.conv2d, whole layers; in gin sngan_generator.conv_layer = ...) as a
+Megatron pair, the first split by output channels and the second by input channels,
+with only a conditional batch norm and a ReLU between them (the spectrally normalised
+discriminator stays whole: sigma of a split kernel would need collectives in every
+power iteration). For a pipeline, `pieces()` cuts each model between its blocks.
 """
 
 from typing import Callable, Sequence
@@ -28,8 +36,8 @@ import gin
 import keras
 from keras import ops
 
-from models.layers import MeanAggregatedBatchNorm
-
+from models import pieces as pieces_lib
+from models.layers import SPLIT_INPUT, SPLIT_OUTPUT, MeanAggregatedBatchNorm, conv2d
 from models.spectral_norm import SNConv2D, SNDense, SNEmbedding
 
 IMAGENET128_GENERATOR = dict(z_dim=128, ch=64, widths=(16, 16, 8, 4, 2, 1),
@@ -89,16 +97,16 @@ class GeneratorBlock(keras.layers.Layer):
   """Pre-activation up-block: CBN-ReLU-up-conv3x3-CBN-ReLU-conv3x3 + (up, conv1x1)."""
 
   def __init__(self, in_channels, out_channels, num_classes, norm_layer,
-               upsample=True, **kwargs):
+               upsample=True, conv_layer=conv2d, **kwargs):
     super().__init__(**kwargs)
     self.out_channels = out_channels
     self.upsample = keras.layers.UpSampling2D(2) if upsample else None
     self.b1 = ConditionalBatchNorm(num_classes, norm_layer, name="b1")
-    self.c1 = keras.layers.Conv2D(out_channels, 3, padding="same",
-                                  kernel_initializer=_glorot_sqrt2(), name="c1")
+    self.c1 = conv_layer(out_channels, 3, padding="same", kernel_initializer=_glorot_sqrt2(),
+                         name="c1", split=SPLIT_OUTPUT)
     self.b2 = ConditionalBatchNorm(num_classes, norm_layer, name="b2")
-    self.c2 = keras.layers.Conv2D(out_channels, 3, padding="same",
-                                  kernel_initializer=_glorot_sqrt2(), name="c2")
+    self.c2 = conv_layer(out_channels, 3, padding="same", kernel_initializer=_glorot_sqrt2(),
+                         name="c2", split=SPLIT_INPUT)
     self.c_sc = None
     if in_channels != out_channels or upsample:
       self.c_sc = keras.layers.Conv2D(out_channels, 1, name="c_sc")
@@ -113,8 +121,10 @@ class GeneratorBlock(keras.layers.Layer):
     out_shape = self.output_shape_for(input_shape)
     self.b1.build(input_shape)
     self.c1.build(out_shape[:3] + (input_shape[-1],))
-    self.b2.build(out_shape)
-    self.c2.build(out_shape)
+    # c1's own output shape: a split c1 gives this device its share of the channels.
+    hidden = self.c1.compute_output_shape(out_shape[:3] + (input_shape[-1],))
+    self.b2.build(hidden)
+    self.c2.build(hidden)
     if self.c_sc is not None:
       self.c_sc.build(input_shape)
 
@@ -190,14 +200,15 @@ class ResNetGenerator(keras.Model):
   """
 
   def __init__(self, num_classes, z_dim, ch, widths, bottom_width, out_channels,
-               norm_layer, **kwargs):
+               norm_layer, conv_layer=conv2d, **kwargs):
     super().__init__(**kwargs)
     self.num_classes = num_classes
     self.z_dim = z_dim
     self.bottom = (bottom_width, bottom_width, ch * widths[0])
     self.l1 = keras.layers.Dense(bottom_width * bottom_width * ch * widths[0], name="l1")
     self.blocks = [
-        GeneratorBlock(ch * w_in, ch * w_out, num_classes, norm_layer, name=f"block{i}")
+        GeneratorBlock(ch * w_in, ch * w_out, num_classes, norm_layer, conv_layer=conv_layer,
+                       name=f"block{i}")
         for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:]), start=2)]
     self.b_out = ConditionalBatchNorm(0, norm_layer, name="b_out")
     self.c_out = keras.layers.Conv2D(out_channels, 3, padding="same", name="c_out")
@@ -214,11 +225,21 @@ class ResNetGenerator(keras.Model):
     self.c_out.build(shape)
 
   def call(self, z, labels=None, training=None):
-    h = ops.reshape(self.l1(z), (-1,) + self.bottom)
-    for block in self.blocks:
-      h = block(h, labels, training=training)
-    h = ops.relu(self.b_out(h, training=training))
-    return ops.tanh(self.c_out(h))
+    return pieces_lib.run(self.pieces(), (z, labels), training)
+
+  def pieces(self) -> list[pieces_lib.Piece]:
+    """The forward pass cut between blocks; the carry is (features, labels)."""
+    def dense(carry, training):
+      z, labels = carry
+      return ops.reshape(self.l1(z), (-1,) + self.bottom), labels
+
+    def output(carry, training):
+      h = ops.relu(self.b_out(carry[0], training=training))
+      return ops.tanh(self.c_out(h))
+
+    return ([pieces_lib.Piece("l1", dense, (self.l1,))]
+            + [pieces_lib.Piece(b.name, _block_piece(b), (b,)) for b in self.blocks]
+            + [pieces_lib.Piece("output", output, (self.b_out, self.c_out))])
 
 
 class ResNetProjectionDiscriminator(keras.Model):
@@ -252,24 +273,41 @@ class ResNetProjectionDiscriminator(keras.Model):
       self.l_y.build()
 
   def call(self, images, labels=None, training=None):
-    h = images
-    for block in self.blocks:
-      h = block(h, training=training)
-    h = ops.sum(ops.relu(h), axis=(1, 2))  # Sum (not mean) pooling, as the paper.
-    logits = self.l_out(h, training=training)[:, 0]
-    if self.l_y is not None:
-      logits = logits + ops.sum(self.l_y(labels, training=training) * h, axis=1)
-    return logits
+    return pieces_lib.run(self.pieces(), (images, labels), training)
+
+  def pieces(self) -> list[pieces_lib.Piece]:
+    """The forward pass cut between blocks; the carry is (features, labels)."""
+    def head(carry, training):
+      h, labels = carry
+      h = ops.sum(ops.relu(h), axis=(1, 2))  # Sum (not mean) pooling, as the paper.
+      logits = self.l_out(h, training=training)[:, 0]
+      if self.l_y is not None:
+        logits = logits + ops.sum(self.l_y(labels, training=training) * h, axis=1)
+      return logits
+
+    head_layers = (self.l_out,) + ((self.l_y,) if self.l_y is not None else ())
+    return ([pieces_lib.Piece(b.name, _block_piece(b, labelled=False), (b,))
+             for b in self.blocks] + [pieces_lib.Piece("head", head, head_layers)])
+
+
+def _block_piece(block, labelled: bool = True):
+  """A block as a piece: (h, labels) -> (block(h[, labels]), labels)."""
+  def fn(carry, training):
+    h, labels = carry
+    h = block(h, labels, training=training) if labelled else block(h, training=training)
+    return h, labels
+  return fn
 
 
 @gin.configurable
 def sngan_generator(num_classes: int = 10, z_dim: int = 128, ch: int = 64,
                     widths: Sequence[int] = (1, 1, 1), bottom_width: int = 7,
-                    out_channels: int = 1,
-                    norm_layer: NormFactory = sngan_batch_norm) -> ResNetGenerator:
-  """The conditional ResNet generator; defaults are the Fashion-MNIST size."""
+                    out_channels: int = 1, norm_layer: NormFactory = sngan_batch_norm,
+                    conv_layer: Callable[..., keras.layers.Layer] = conv2d) -> ResNetGenerator:
+  """The conditional ResNet generator; defaults are the Fashion-MNIST size. conv_layer
+  builds each block's two 3x3 convolutions (a pair a model-parallel factory may split)."""
   return ResNetGenerator(num_classes, z_dim, ch, tuple(widths), bottom_width,
-                         out_channels, norm_layer, name="generator")
+                         out_channels, norm_layer, conv_layer, name="generator")
 
 
 @gin.configurable

@@ -18,6 +18,14 @@ whose internals moved, instead of letting the math change silently.
                     `MirroredStrategy._collective_key_base` (a fresh key
                     range per strategy); `_pywrap_util_port.IsMklEnabled`
                     (whether oneDNN's CPU kernels are on: benchmarks).
+  Model parallelism `values.MirroredVariable` subclassed for a variable split over
+                    a model group (its reads outside the group, its checkpoint),
+                    `device_util` (canonical and current device names),
+                    `cross_device_ops` (a reduction's destination devices),
+                    `distribute_utils.regroup` (a Mirrored result), the
+                    CrossDeviceOps hook `_gather_implementation`, a Keras
+                    variable's `_value` (moved to another device), and Keras'
+                    name-scope stack (the layer whose build makes a variable).
 """
 
 import keras
@@ -98,6 +106,17 @@ def count_graph_flops(graph) -> int:
     tf.get_logger().setLevel(verbosity)
 
 
+def op_flops(graph, op) -> int:
+  """One op's float ops as the profiler counts them (its registered "flops" statistic;
+  0 where none is registered or its shapes are unknown)."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  try:
+    value = ops.get_stats_for_node_def(graph, op.node_def, "flops").value
+  except (ValueError, TypeError):
+    return 0
+  return int(value or 0)
+
+
 # -- tf.distribute: collective keys ----------------------------------------------------
 
 _KEY_RANGE = 100_000   # Collective group keys one strategy may use (TF's own tests use this).
@@ -152,3 +171,112 @@ def gin_name(fn_or_cls) -> str | None:
     return None
   default_module = getattr(info.wrapped, "__module__", None)
   return info.name if info.module in (None, "", default_module) else info.selector
+
+
+# -- tf.distribute and Keras variables: model parallelism ---------------------------------
+
+def canonical_device(name: str) -> str:
+  """A device name in TensorFlow's full form (/job:localhost/replica:0/task:0/device:CPU:0)."""
+  from tensorflow.python.distribute import device_util  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  return device_util.canonicalize(name)
+
+
+def current_device() -> str:
+  """The device the enclosing tf.device scopes name, in full form."""
+  from tensorflow.python.distribute import device_util  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  return device_util.canonicalize(device_util.current())
+
+
+def destination_devices(destinations, per_replica_value) -> tuple:
+  """The devices a CrossDeviceOps reduction goes to: those of `destinations`, or of the
+  value itself where destinations names none."""
+  from tensorflow.python.distribute import cross_device_ops  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  if cross_device_ops.check_destinations(destinations):
+    return cross_device_ops.get_devices_from(destinations)
+  return cross_device_ops.get_devices_from(per_replica_value)
+
+
+def mirrored(per_device: list):
+  """A tf.distribute Mirrored value from one tensor per device (a reduction's result)."""
+  from tensorflow.python.distribute import distribute_utils, values  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  return distribute_utils.regroup(per_device, wrap_class=values.Mirrored, always_wrap=True)
+
+
+def shard_variable(variable, axis: int, model: int) -> None:
+  """Makes a MirroredVariable of a tensor-parallel mesh (component r on device
+  (r // model, r % model)) hold a tensor split along axis over each model group:
+  component r holds slot r % model's part. Inside a replicated step each device reads
+  its part, as before; read anywhere else (the host, a checkpoint) the variable is
+  the whole tensor, the parts of the first model group concatenated; a checkpoint
+  restores each part from the whole."""
+  from tensorflow.python.distribute import values  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  if type(variable) is not values.MirroredVariable:   # pylint: disable=unidiomatic-typecheck
+    raise TypeError(f"only a MirroredVariable can be split, not {type(variable).__name__}.")
+  variable.__class__ = _sharded_class()
+  variable._shard_axis, variable._shard_model = axis, model   # pylint: disable=protected-access
+
+
+def shard_axis(variable) -> int | None:
+  """The axis a shard_variable variable is split along (None for any other)."""
+  return getattr(variable, "_shard_axis", None)
+
+
+_SHARDED = []
+
+
+def _sharded_class():
+  if _SHARDED:
+    return _SHARDED[0]
+  from tensorflow.python.distribute import values  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+
+  class ShardedMirroredVariable(values.MirroredVariable):
+    """See shard_variable."""
+
+    def _whole(self):
+      parts = []
+      for v in self._values[:self._shard_model]:
+        with tf.device(v.device):   # A resource is read where it lives.
+          parts.append(v.read_value())
+      return tf.concat(parts, axis=self._shard_axis)
+
+    def _in_own_replica(self) -> bool:
+      return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+              and tf.distribute.get_strategy() is self._distribute_strategy)
+
+    def _get(self):   # Reads, conversions and operators alike.
+      return super()._get() if self._in_own_replica() else self._whole()
+
+    def value(self):
+      return super().value() if self._in_own_replica() else self._whole()
+
+    def _serialize_to_tensors(self):
+      return {"VARIABLE_VALUE": self._whole()}
+
+    def _restore_from_tensors(self, restored_tensors):
+      parts = tf.split(restored_tensors["VARIABLE_VALUE"], self._shard_model,
+                       axis=self._shard_axis)
+      return tf.group([v.assign(parts[r % self._shard_model])
+                       for r, v in enumerate(self._values)])
+
+  _SHARDED.append(ShardedMirroredVariable)
+  return ShardedMirroredVariable
+
+
+def rebind_keras_variable(variable: keras.Variable, tf_variable: tf.Variable) -> None:
+  """Makes a Keras variable hold another TensorFlow variable (the same value, made on
+  other devices); layers and optimizers keep the Keras variable itself."""
+  if not isinstance(getattr(variable, "_value", None), tf.Variable):
+    raise TypeError(f"{variable.path}: a Keras TensorFlow variable keeps its tf.Variable in "
+                    f"_value; this Keras version does not.")
+  variable._value = tf_variable   # pylint: disable=protected-access
+
+
+def building_keras_layer():
+  """The Keras layer whose build (or call) is running in this thread, or None: the
+  caller of the innermost Keras name scope."""
+  from keras.src.backend.common import global_state  # pylint: disable=import-outside-toplevel
+  stack = global_state.get_global_attribute("name_scope_stack") or []
+  for scope in reversed(stack):
+    if isinstance(scope.caller, keras.layers.Layer):
+      return scope.caller
+  return None

@@ -2,10 +2,10 @@
 
 `RunResult` is the schema (with a version); `write` and `read` are the only
 code that touches the file. Its parts are typed records (Budget, Session,
-Network, NoiseScale, Machine, Communication, Throughput): frozen dataclasses
-read by attribute (`result.budget.total_steps`) or, as the plain dicts of schema
-1 were, by key (`result.budget["total_steps"]`; a field that schema 1 left out
-when it had no value is absent then).
+Network, NoiseScale, Machine, Communication with its ModelParallel, Throughput):
+frozen dataclasses read by attribute (`result.budget.total_steps`) or, as the plain
+dicts of schema 1 were, by key (`result.budget["total_steps"]`; a field that schema 1
+left out when it had no value is absent then).
 
 Schema 2 writes every field of every record (null where nothing was measured).
 Schema 1 (and 0: no schema_version) wrote the records as dicts that left out
@@ -57,8 +57,16 @@ class Record(collections.abc.Mapping):
 
   @classmethod
   def of(cls, values: dict):
-    """The record of a dict that leaves out fields it has no value for (None)."""
-    return cls(**{**dict.fromkeys(_optional(cls)), **values})
+    """The record of a dict that leaves out fields it has no value for (None); a dict
+    in a field that holds a record becomes that record."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{**dict.fromkeys(_optional(cls)),
+                  **{k: _record_of(hints.get(k), v) for k, v in values.items()}})
+
+
+def _record_of(annotation, value):
+  record = _record_kind(annotation)
+  return record.of(value) if record is not None and isinstance(value, dict) else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +126,22 @@ class Machine(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelParallel(Record):
+  """A replica spanning devices (engine/model_parallel): the mesh; each axis's collectives,
+  payload and wire bytes per step (engine/measure/communication.by_axis); and each of
+  this process's devices' bytes, {parameters, optimizer, other, activations, total}, from
+  where the variables are and what the traced step keeps there."""
+  parallelism: str               # 'tensor' or 'pipeline'.
+  data: int                      # D data-parallel replicas
+  model: int                     # of M devices each
+  micro_batches: int
+  workers: int                   # Worker processes the data axis spans (0: one process).
+  model_axis: dict
+  data_axis: dict
+  device_memory_bytes: dict      # device -> {kind: bytes}
+
+
+@dataclasses.dataclass(frozen=True)
 class Communication(Record):
   """The step's communication account (engine/measure/communication.py; for
   parameter-server workers engine/measure/transfers.py), per replica and step, with
@@ -126,8 +150,8 @@ class Communication(Record):
                         "wire_messages_by_collective", "wire_ops_per_step_by_collective",
                         "graph_collectives_per_step", "collective_s_per_step",
                         "rpc_overhead_bytes_by_collective", "rpc_overhead_bytes_per_message",
-                        "rpc_overhead_bytes_per_call_by_collective", "parameter_server", "note",
-                        "step_s", "collective_fraction"})
+                        "rpc_overhead_bytes_per_call_by_collective", "parameter_server",
+                        "model_parallel", "note", "step_s", "collective_fraction"})
   collectives_per_step: float
   bytes_per_step: int
   by_kind: dict                                   # kind -> {count, bytes}
@@ -144,6 +168,7 @@ class Communication(Record):
   rpc_overhead_bytes_per_message: float | None
   rpc_overhead_bytes_per_call_by_collective: dict | None
   parameter_server: dict | None            # pulls, pushes, repeated_reads
+  model_parallel: ModelParallel | None      # A replica spanning devices: its axes and devices.
   note: str | None
   # The measured step, and the collectives' share of it (a lower bound).
   step_s: float | None
@@ -296,10 +321,16 @@ def _kinds(annotation) -> tuple:
   return tuple(typing.get_origin(a) or a for a in (args or (annotation,)))
 
 
+def _record_kind(annotation) -> type | None:
+  """The Record class an annotation holds (ModelParallel | None -> ModelParallel), or None."""
+  return next((k for k in _kinds(annotation) if isinstance(k, type) and issubclass(k, Record)),
+              None)
+
+
 def _value(annotation, value, source: str, where: str):
   """value, checked against annotation; a dict for a Record becomes the record."""
   kinds = _kinds(annotation)
-  record = next((k for k in kinds if isinstance(k, type) and issubclass(k, Record)), None)
+  record = _record_kind(annotation)
   if record is not None and isinstance(value, dict):
     return _build(record, value, source, where)
   item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None

@@ -150,6 +150,28 @@ def check_wire_account(launched: subprocess.CompletedProcess, workdir) -> dict:
   return wire
 
 
+def checkpoint_variables(workdir) -> dict:
+  """{name: value} of the models' and optimizers' variables in a run's last checkpoint."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.startswith(("model/", "optimizer/"))}
+
+
+def assert_same_training(reference, other) -> None:
+  """Two runs (workdirs) trained alike: the same steps, the final metric within 1e-3 and
+  every model and optimizer variable within rtol 1e-4 (a ring all-reduce across
+  processes sums in another order than one process does)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  a, b = result(reference), result(other)
+  assert a.final_step == b.final_step
+  np.testing.assert_allclose(b.final_metric, a.final_metric, atol=1e-3)
+  want, got = checkpoint_variables(reference), checkpoint_variables(other)
+  assert want.keys() == got.keys() and len(want) > 10
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def result(workdir):
   """The run's result.json, read (and checked) as a replibench.results.RunResult."""
   from replibench import results  # pylint: disable=import-outside-toplevel

@@ -165,6 +165,17 @@ def test_plan_names_the_binding_as_written(capsys, binding, said):
   assert said in line, line
 
 
+@pytest.mark.parametrize("binding,said", [
+    ("topology.Mesh.model = 3",
+     "has 16 output channels, which topology.Mesh.model = 3 does not divide"),
+    ("topology.Mesh.workers = 2", "tensor parallelism across worker processes is not supported"),
+])
+def test_a_mesh_that_cannot_split_the_model_exits_2(capsys, binding, said):
+  line = run_cli(capsys, "plan", f"--gin_file={CONFIG}",
+                 "--gin_file=configs/resnet/tensor_parallel.gin", f"--gin_bindings={binding}")
+  assert said in line, line
+
+
 def test_a_configurable_in_a_message_is_shown_as_its_gin_reference(capsys):
   line = run_cli(capsys, "plan", f"--gin_file={CONFIG}",
                  "--gin_bindings=Experiment.regime = @regimes.Gossip()",

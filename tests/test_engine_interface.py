@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from replibench import engine
-from replibench.engine import ps, regimes
+from replibench.engine import model_parallel, ps, regimes
 from replibench.engine.regimes import gossip
 from replibench.errors import UserError
 
@@ -27,7 +27,8 @@ def test_the_spec_splits_the_global_batch_once():
 
 
 def test_every_replicator_implements_the_interface():
-  for replicator in (engine.Replicator, ps.AsyncReplicator, ps.BackupReplicator):
+  for replicator in (engine.Replicator, ps.AsyncReplicator, ps.BackupReplicator,
+                     model_parallel.MeshReplicator):
     assert issubclass(replicator, engine.BaseReplicator)
     assert not getattr(replicator, "__abstractmethods__", None), replicator
 
@@ -80,6 +81,7 @@ def _cluster(task: str) -> str:
 def test_the_process_role_is_decided_in_one_place(monkeypatch):
   assert engine.process_role(engine.Local(num_replicas=2), regimes.Sync()) == engine.Role(
       trains=True, is_chief=True)
+  assert engine.process_role(model_parallel.Mesh(), regimes.Sync()) == engine.Role(True, True)
   topology = engine.MultiWorker(ps=1)
   monkeypatch.setenv("TF_CONFIG", _cluster("worker"))
   assert engine.process_role(topology, regimes.AsyncPS()) == engine.Role(False, False)

@@ -140,3 +140,63 @@ def test_onednn_flag_is_readable():
   assert isinstance(enabled, bool)
   if platform.machine() == "x86_64" and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "0":
     assert enabled   # TensorFlow's x86 Linux wheels run oneDNN by default.
+
+
+def test_a_split_mirrored_variable_is_its_part_inside_a_step_and_whole_outside():
+  internals.fresh_collective_keys()
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])   # One model group of 2.
+  with strategy.scope():
+    variable = tf.Variable(tf.zeros([2, 2]))
+  for r, component in enumerate(strategy.experimental_local_results(variable)):
+    component.assign(tf.fill([2, 2], float(r)))
+  internals.shard_variable(variable, axis=1, model=2)
+  assert internals.shard_axis(variable) == 1
+  whole = np.array([[0.0, 0.0, 1.0, 1.0]] * 2)
+  np.testing.assert_array_equal(variable.numpy(), whole)                  # Host read.
+  np.testing.assert_array_equal(tf.function(lambda: variable + 0.0)(), whole)   # No strategy.
+  parts = strategy.run(tf.function(lambda: tf.identity(variable.value())))
+  assert [p.numpy()[0, 0] for p in strategy.experimental_local_results(parts)] == [0.0, 1.0]
+  saved = variable._serialize_to_tensors()["VARIABLE_VALUE"]  # pylint: disable=protected-access
+  np.testing.assert_array_equal(saved, whole)
+  variable._restore_from_tensors({"VARIABLE_VALUE": tf.constant(whole[:, ::-1], tf.float32)})  # pylint: disable=protected-access
+  assert [c.numpy()[0, 0] for c in strategy.experimental_local_results(variable)] == [1.0, 0.0]
+
+
+def test_keras_delegates_checkpoints_to_the_tf_variable_it_holds():
+  source = inspect.getsource(type(keras.Variable(1.0))._serialize_to_tensors)  # pylint: disable=protected-access
+  assert "self.value._serialize_to_tensors" in source
+  variable = keras.Variable(np.ones(2, np.float32))
+  replacement = tf.Variable(np.full(2, 3.0, np.float32))
+  internals.rebind_keras_variable(variable, replacement)
+  assert variable.value is replacement and float(variable.numpy()[0]) == 3.0
+
+
+def test_tensorflow_names_and_hooks_the_mesh_uses():
+  from tensorflow.python.distribute import cross_device_ops  # pylint: disable=g-direct-tensorflow-import
+  assert "_gather_implementation" in inspect.getsource(cross_device_ops.CrossDeviceOps._gather)  # pylint: disable=protected-access
+  assert internals.canonical_device("/cpu:1") == "/job:localhost/replica:0/task:0/device:CPU:1"
+  with tf.device("/cpu:1"):
+    assert internals.current_device().endswith("CPU:1")
+  one = tf.constant(1.0)
+  assert internals.destination_devices("/cpu:1", None) == (internals.canonical_device("/cpu:1"),)
+  assert internals.mirrored([one, one]).values == (one, one)
+  graph = tf.function(lambda a, b: tf.matmul(a, b)).get_concrete_function(
+      tf.TensorSpec([4, 5]), tf.TensorSpec([5, 6])).graph
+  matmul = next(op for op in graph.get_operations() if op.type == "MatMul")
+  assert internals.op_flops(graph, matmul) == 2 * 4 * 5 * 6
+
+
+def test_the_layer_being_built_is_found_from_keras_name_scopes():
+  seen = []
+
+  class Probe(keras.layers.Layer):
+    def build(self, input_shape):
+      seen.append(internals.building_keras_layer())
+
+    def call(self, x):
+      return x
+
+  layer = Probe()
+  layer.build((1,))
+  layer(tf.zeros([1, 1]))
+  assert internals.building_keras_layer() is None and layer in seen

@@ -51,11 +51,13 @@ class Experiment:
       self._spec = TrainSpec(
           global_batch_size=self.global_batch_size, num_replicas=self.topology.num_replicas,
           seed=self.seed, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-          regime=self.regime, precision=self.precision, steps_per_call=self.steps_per_call)
+          regime=self.topology.regime_for(self.regime), precision=self.precision,
+          steps_per_call=self.steps_per_call)
     except UserError as e:
       raise UserError(f"Experiment.global_batch_size = {self.global_batch_size} with "
                       f"{self.topology.describe()}: {e}") from None
     self.regime.check(self.topology)
+    self.topology.check_spec(self._spec)
     self.regime.check_workload(self.workload)
     self._check_precision()
 

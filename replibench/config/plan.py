@@ -10,6 +10,7 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 
 import tensorflow as tf
 
+from replibench.config import model_parallel_plan
 from replibench.config.experiment import Experiment
 from replibench.engine import layers
 from replibench.engine.measure import communication
@@ -24,6 +25,9 @@ def make_plan(experiment: Experiment) -> dict:
   spec, workload, topology = experiment.train_spec(), experiment.workload, experiment.topology
   facts = workload.describe(spec)
   flops = facts.get("train_flops_per_example")
+  # A replica spanning devices: one device's share, traced under the mesh's layout.
+  with model_parallel_plan.planning(experiment) as layout:
+    traced = trace_step(experiment)
   return {
       "workload": workload.name,
       "topology": topology.describe(),
@@ -48,7 +52,9 @@ def make_plan(experiment: Experiment) -> dict:
       "total_steps": spec.total_steps,
       "steps_per_call": spec.steps_per_call,
       "learning_rate": facts.get("learning_rate"),
-      "communication": communication_account(experiment),
+      "communication": _account(traced, spec),
+      **({"model_parallel": model_parallel_plan.facts(experiment, layout, *traced)}
+         if layout else {}),
       "eval_every_steps": experiment.eval_every_steps,
       "target_metric": workload.target_metric,
       "target": experiment.target,
@@ -68,9 +74,10 @@ def batch_norm(kinds: set[str]) -> str | None:
           f"{setting['epsilon']:g} (engine.batch_norm_setting, one setting for both kinds)")
 
 
-def communication_account(experiment: Experiment) -> dict | None:
-  """Collectives one replica issues per step, by kind, from a trace of one replica's
-  step (engine/measure/communication.py). The counts do not depend on the replica count;
+def trace_step(experiment: Experiment) -> tuple[list, tf.Graph] | None:
+  """The collectives one replica issues per step, as recorded while tracing its step
+  (engine/measure/communication.py), and the traced graph; None where the workload
+  cannot say its input's structure. The counts do not depend on the replica count;
   they include the backward pass's collectives (a forward all-reduce that a gradient
   flows through, such as cross-replica batch norm's, sends again: two per layer)."""
   workload, spec = experiment.workload, experiment.train_spec()
@@ -81,9 +88,21 @@ def communication_account(experiment: Experiment) -> dict | None:
   # The replica step the replicator runs: step_fn, its regime's metrics among its outputs.
   step = tf.function(workload.step_fn)
   with communication.Ledger() as ledger:
-    outputs = step.get_concrete_function(element).structured_outputs
-    communication.record("outputs", [tf.zeros([len(outputs)])], cross_replica=True)
-  return communication.summarize(ledger.entries(), spec.steps_per_call, spec.num_replicas)
+    concrete = step.get_concrete_function(element)
+    communication.record("outputs", [tf.zeros([len(concrete.structured_outputs)])],
+                         cross_replica=True)
+  return ledger.entries(), concrete.graph
+
+
+def communication_account(experiment: Experiment) -> dict | None:
+  """The plan's account of one replica's collectives per step (trace_step's, by kind)."""
+  return _account(trace_step(experiment), experiment.train_spec())
+
+
+def _account(traced: tuple | None, spec) -> dict | None:
+  if traced is None:
+    return None
+  return communication.summarize(traced[0], spec.steps_per_call, spec.num_replicas)
 
 
 def _human(key: str, value) -> str:
@@ -110,6 +129,8 @@ def _format(key: str, value) -> str:
             f"state {value['variable_dtype']}, gradients all-reduced in "
             f"{value['gradient_allreduce_dtype']} (the bytes per step below), loss scaling "
             f"{value['loss_scaling']}")
+  if key == "model_parallel" and isinstance(value, dict):
+    return model_parallel_plan.format_facts(value)
   if key == "communication" and isinstance(value, dict):
     kinds = ", ".join(f"{k} {v['count']:g} x {_human('bytes', v['bytes'])}"
                       for k, v in value["by_kind"].items())

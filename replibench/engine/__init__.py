@@ -5,8 +5,9 @@ Public API (documented in README.md):
   TrainSpec     the run's step, built once by config/ and read by the replicator and
                 the workload (batch per replica, steps per call, regime, precision)
   make_replicator(topology, regime) -> a BaseReplicator (interface.py): Replicator
-                (lockstep), ps.AsyncReplicator or ps.BackupReplicator; scope(),
-                distribute(input_fn, spec), run(step_fn, ...), reduce(...),
+                (lockstep), ps.AsyncReplicator, ps.BackupReplicator or (a Mesh)
+                model_parallel.MeshReplicator; scope(), distribute(input_fn, spec),
+                run(step_fn, ...), reduce(...),
                 compile(step_fn, input_fn, spec) -> a BaseStep
   process_role(topology, regime) -> Role: whether this process trains or serves, and
                 whether it is the chief
@@ -14,14 +15,19 @@ Public API (documented in README.md):
                 num_replicas
   aggregation   average_loss, all_reduce_gradients, sync_apply_gradients(_jointly)
   regimes       Sync (default), LocalSGD, Compressed, Gossip, GradientTracking, AsyncPS,
-                BackupPS: regime.build_optimizer, metrics = regime.apply_gradients(...)
+                BackupPS, ShardedSync (a tensor-parallel Mesh's Sync): regime.build_optimizer,
+                metrics = regime.apply_gradients(...)
   layers        cross_replica_batch_norm, per_replica_batch_norm (gin factories)
-  measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes)
+  model_parallel  Mesh (replicas spanning devices), MeshReplicator, tensor_parallel_conv,
+                pipelined
+  measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes),
+                device memory (what each device of a mesh holds and keeps)
 
 Dependencies inside the engine point down: cluster imports no other engine module,
 collectives only fusion and measure (which imports none); aggregation uses
 collectives; regimes use aggregation; spec and interface use the regimes; the
-replicators implement interface; factory picks a replicator.
+replicators implement interface (model_parallel's extends the lockstep one); factory
+picks a replicator.
 """
 
 from replibench.engine.aggregation import (all_reduce_gradients, apply_reduced, average_loss,

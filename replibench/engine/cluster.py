@@ -58,6 +58,11 @@ class Cluster:
       return 0
     return self.task_index + self.count("chief")
 
+  def training_tasks(self) -> list[tuple[str, int]]:
+    """(job, index) of each training process, in worker_index order (the chief first)."""
+    return ([("chief", 0)] if self.count("chief") else []) + [
+        ("worker", i) for i in range(self.count("worker"))]
+
   def to_env(self) -> str:
     return to_env(self.jobs, self.task_type, self.task_index)
 

@@ -4,6 +4,7 @@ process does in the run."""
 import dataclasses
 
 from replibench.engine.interface import BaseReplicator
+from replibench.engine.model_parallel import Mesh, MeshReplicator
 from replibench.engine.ps import AsyncReplicator, BackupReplicator, is_server_task
 from replibench.engine.regimes import AsyncPS, BackupPS, Regime, Sync
 from replibench.engine.replicator import Replicator
@@ -30,8 +31,11 @@ def make_replicator(topology: Topology, regime: Regime | None = None) -> BaseRep
   """A Replicator (synchronous, lockstep replicas); for regimes.AsyncPS an
   AsyncReplicator (workers updating parameter servers on their own); for
   regimes.BackupPS a BackupReplicator (synchronous steps on parameter servers that
-  drop the slowest workers' gradients). All implement engine.interface.BaseReplicator."""
+  drop the slowest workers' gradients); for a topology.Mesh a MeshReplicator (replicas
+  spanning several devices). All implement engine.interface.BaseReplicator."""
   regime = regime or Sync()
+  if isinstance(topology, Mesh):   # Replicas of several devices each (engine/model_parallel).
+    return MeshReplicator(topology, regime)
   if isinstance(regime, BackupPS):   # Before AsyncPS: a subclass of it.
     return BackupReplicator(topology, regime)
   if isinstance(regime, AsyncPS):

@@ -60,7 +60,8 @@ class BaseReplicator(abc.ABC):
 
   def __init__(self, topology, regime: Regime | None = None):
     self.topology = topology
-    self.regime = regime or Sync()
+    # A config's spec holds the topology's regime already (regime_for returns it as is).
+    self.regime = topology.regime_for(regime or Sync())
     self.regime.check(topology)
 
   @property

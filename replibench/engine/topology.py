@@ -34,6 +34,18 @@ class Topology:
     """Whether this process writes the run's files (known before any device work)."""
     return True
 
+  def regime_for(self, regime):
+    """The regime this topology runs for the configured one: regime itself, or a variant
+    that does what this topology's replicas need (a tensor-parallel Mesh's replicas hold
+    parts of their gradients). Config builds the TrainSpec with it; a replicator made
+    without a config asks too. Must return its argument when given its own result."""
+    return regime
+
+  def check_spec(self, spec) -> None:
+    """Raises UserError if this topology cannot run the run's TrainSpec (its regime,
+    precision or per-replica batch); called by config, before any device work."""
+    del spec
+
   def describe(self) -> str:
     fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
     return f"{type(self).__name__}({fields})"
@@ -105,22 +117,32 @@ class MultiWorker(Topology):
     return f"{workers} worker(s) x {self.replicas_per_worker} replica(s){ps}"
 
   def make_strategy(self):
-    spec = cluster.current()
-    if self.ps or spec.count("ps"):
-      raise UserError(
-          f"topology.MultiWorker.ps = {self.ps} and TF_CONFIG lists {spec.count('ps')} ps "
-          f"task(s): parameter servers are for asynchronous training; set "
-          f"Experiment.regime = @regimes.AsyncPS() (as configs/topology/ps.gin does), or "
-          f"launch without --ps for synchronous training.")
-    found = spec.training_processes
-    if self.workers and found != self.workers:
-      raise UserError(
-          f"topology.MultiWorker.workers = {self.workers} but TF_CONFIG lists {found} "
-          f"worker task(s).")
-    options = tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=self.bytes_per_pack,
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    return multi_worker_strategy(self.workers, "topology.MultiWorker", self.ps,
+                                 self.bytes_per_pack)
+
+
+def multi_worker_strategy(workers: int, binding: str, ps: int | None = None,
+                          bytes_per_pack: int = 0):
+  """MultiWorkerMirroredStrategy over TF_CONFIG's training processes (ring collectives).
+
+  UserError, naming binding (the topology's gin name), where TF_CONFIG lists ps tasks
+  or ps > 0 (those are for asynchronous training; None: the topology has no ps
+  setting), or not `workers` training processes (0: any number).
+  """
+  spec = cluster.current()
+  if ps or spec.count("ps"):
+    setting = "" if ps is None else f"{binding}.ps = {ps} and "
+    raise UserError(
+        f"{setting}TF_CONFIG lists {spec.count('ps')} ps task(s): parameter "
+        f"servers are for asynchronous training; set Experiment.regime = @regimes.AsyncPS() "
+        f"(as configs/topology/ps.gin does), or launch without --ps for synchronous training.")
+  found = spec.training_processes
+  if workers and found != workers:
+    raise UserError(f"{binding}.workers = {workers} but TF_CONFIG lists {found} worker task(s).")
+  options = tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=bytes_per_pack,
+      implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+  return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
 @gin.configurable(module="topology")

@@ -32,6 +32,8 @@ def predict_command(gin_files: list[str], bindings: list[str], device_profile: s
       efficiency or os.path.join(EFFICIENCY_DIR, f"{experiment.workload.name}.json"))
   plan = make_plan(experiment)
   replicas = workers * profile.devices_per_host if workers else plan["num_replicas"]
+  if workers and plan.get("model_parallel"):   # A replica is M of a host's devices.
+    replicas = max(1, replicas // plan["model_parallel"]["model"])
   result = predictor.predict(predictor.Question(plan, profile, replicas, network), fit)
   return json.dumps(result, indent=1) if as_json else format_prediction(result)
 
@@ -62,8 +64,16 @@ def format_prediction(p: dict) -> str:
   ]
   if p["steps_bound"] == "at_most":
     rows.append(("steps from", f"a published recipe, an upper bound: {p['steps_source']}"))
+  if p.get("model_parallel"):
+    mp = p["model_parallel"]
+    rows.append(("model parallel", f"compute {mp['compute_s']:.4g} s (bubble "
+                                   f"{mp['bubble_fraction']:.3g}), model axis "
+                                   f"{mp['model_axis_s']:.4g} s, data axis {mp['data_axis_s']:.4g} s; "
+                                   f"largest device {mp['max_device_bytes'] / 1e6:.4g} MB"))
   if p["memory_ok"] is False:
-    rows.append(("memory", "the float32 weights, gradients and slots exceed the device's memory"))
+    rows.append(("memory", "a device's parameters, optimizer state and activations exceed its "
+                           "memory" if p.get("model_parallel") else
+                           "the float32 weights, gradients and slots exceed the device's memory"))
   width = max(len(k) for k, _ in rows)
   return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 

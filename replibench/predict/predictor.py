@@ -12,7 +12,7 @@ import dataclasses
 
 from replibench import rates
 from replibench.errors import UserError
-from replibench.predict import efficiency as efficiency_lib
+from replibench.predict import efficiency as efficiency_lib, model_parallel
 from replibench.predict.hardware import DeviceProfile, step_time
 
 
@@ -48,9 +48,14 @@ def predict(question: Question, efficiency: dict) -> dict:
   if batch % n:
     raise UserError(f"global batch {batch} does not divide over {n} replicas.")
   account = plan.get("communication") or {}
-  step = step_time(profile, plan["train_flops_per_example"], batch, n,
-                   account.get("bytes_per_step", plan.get("allreduce_bytes_per_step") or 0),
-                   account.get("collectives_per_step", 1))
+  mesh, devices_per_replica = None, 1
+  if plan.get("model_parallel"):   # Replicas spanning devices: per device, each axis.
+    step, mesh = model_parallel.step_time(profile, plan, n)
+    devices_per_replica = plan["model_parallel"]["model"]
+  else:
+    step = step_time(profile, plan["train_flops_per_example"], batch, n,
+                     account.get("bytes_per_step", plan.get("allreduce_bytes_per_step") or 0),
+                     account.get("collectives_per_step", 1))
   fit = efficiency["fit"]
   steps, steps_low, steps_high = fit.steps(batch)
   run_low, run_high = fit.run_steps(batch)
@@ -60,8 +65,8 @@ def predict(question: Question, efficiency: dict) -> dict:
   b_low, b_high = fit.b_crit_interval()
   return {
       "workload": plan["workload"], "device": profile.name, "num_replicas": n,
-      "hosts": -(-n // profile.devices_per_host), "network": question.network,
-      "network_note": _network_note(question),
+      "hosts": -(-n * devices_per_replica // profile.devices_per_host),
+      "network": question.network, "network_note": _network_note(question),
       "global_batch_size": batch, "per_replica_batch_size": batch // n,
       "step_s": step.step_s, "compute_s": step.compute_s, "comm_s": step.comm_s,
       "steps_to_target": steps, "steps_interval": [steps_low, steps_high], "steps_bound": bound,
@@ -74,7 +79,9 @@ def predict(question: Question, efficiency: dict) -> dict:
       "steps_source": (efficiency.get("published") or {}).get("source") or efficiency.get("source"),
       "noise_scale_b_simple": (efficiency.get("noise_scale") or {}).get("b_simple"),
       "noise_scale_caveat": (efficiency.get("noise_scale") or {}).get("caveat"),
-      "memory_ok": _fits_memory(plan, profile),
+      "memory_ok": (model_parallel.fits(plan, profile, n) if mesh else
+                    _fits_memory(plan, profile)),
+      **({"model_parallel": mesh} if mesh else {}),
       "target": plan["target"], "target_metric": plan["target_metric"],
   }
 

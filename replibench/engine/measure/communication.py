@@ -7,6 +7,11 @@ active Ledger with its kind and payload (bytes one replica contributes):
   batch_norm  cross-replica batch statistics (forward; their gradient adds one more)
   outputs     the step outputs, reduced once per call of steps_per_call steps
   parameters  parameter / optimizer-state exchange (local SGD, gossip)
+  activations the model axis of a replica spanning devices (engine/model_parallel):
+              tensor-parallel all-reduces, a pipeline's stage-to-stage sends. These
+              run among one replica's own devices (inside one worker process), not
+              between replicas: they count in by_kind but not in the wire figures a
+              replica sends; by_axis prices each axis apart
   other       anything else a step_fn all-reduces or gathers
 
 Each entry also names its collective (all_reduce, all_gather, all_to_all) and the replicas
@@ -44,7 +49,8 @@ import time
 
 import tensorflow as tf
 
-KINDS = ("gradients", "batch_norm", "outputs", "parameters", "other")
+MODEL_AXIS = "activations"   # The kind of the collectives inside a replica (see above).
+KINDS = ("gradients", "batch_norm", "outputs", "parameters", MODEL_AXIS, "other")
 COLLECTIVE_OPS = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2",
                   "CollectiveBcastSendV2", "CollectiveBcastRecvV2", "CollectiveReduce",
                   "CollectiveGather")
@@ -87,11 +93,12 @@ class Entry(collections.namedtuple("Entry", "kind payload collective group_size 
 
   def wire_bytes(self, num_replicas: int) -> float:
     """Bytes one participating replica sends for this collective (ring algorithms;
-    an all-to-all sends each other replica its row: (n-1)/n of the payload)."""
+    an all-to-all sends each other replica its row: (n-1)/n of the payload; a 'send'
+    of a pipeline stage goes once to one device)."""
     n = self.group_size or num_replicas
     if n <= 1:
       return 0.0
-    factor = {"all_gather": n - 1, "all_to_all": (n - 1) / n}.get(
+    factor = {"all_gather": n - 1, "all_to_all": (n - 1) / n, "send": 1.0}.get(
         self.collective, 2.0 * (n - 1) / n)
     return factor * self.payload
 
@@ -143,7 +150,8 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
   the ring algorithms (Entry.wire_bytes), its transfers by collective, and
   wire_ops_per_step_by_collective: the collective ops a call runs, per step (each op
   of a call's graph runs at least once in a call when its share times steps_per_call
-  reaches 1; an op pays a fixed cost per call, see replay)."""
+  reaches 1; an op pays a fixed cost per call, see replay). The model axis's entries
+  (MODEL_AXIS) stay out of the wire figures: they do not leave the replica."""
   by_kind: dict[str, dict] = {}
   wire = 0.0
   messages: dict[str, float] = collections.defaultdict(float)
@@ -154,7 +162,7 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
     row = by_kind.setdefault(entry.kind, {"count": 0.0, "bytes": 0.0})
     row["count"] += share
     row["bytes"] += share * entry.payload
-    if num_replicas:
+    if num_replicas and entry.kind != MODEL_AXIS:
       wire += share * entry.wire_bytes(num_replicas)
       messages[entry.collective] += share * entry.messages(num_replicas)
       if entry.messages(num_replicas):
@@ -170,6 +178,27 @@ def summarize(entries: list[Entry], steps_per_call: int = 1,
     account["wire_messages_by_collective"] = {k: round(v, 3) for k, v in sorted(messages.items())}
     account["wire_ops_per_step_by_collective"] = {k: round(v, 3) for k, v in sorted(ops.items())}
   return account
+
+
+def by_axis(entries: list[Entry], steps_per_call: int = 1, num_replicas: int = 1) -> dict:
+  """{'model_axis': ..., 'data_axis': ...} of a replica spanning devices: each axis's
+  collectives per step, payload bytes per step and the bytes one device sends per step
+  (Entry.wire_bytes: a model-axis entry names its group, M devices or a stage's 2;
+  a data-axis one is among num_replicas replicas). The model axis is the MODEL_AXIS
+  kind, the data axis every other (the step outputs' per call)."""
+  found = {}
+  for axis, inside in (("model_axis", True), ("data_axis", False)):
+    count = payload = wire = 0.0
+    for entry in entries:
+      if (entry.kind == MODEL_AXIS) != inside:
+        continue
+      share = entry.share / steps_per_call if entry.kind == "outputs" else entry.share
+      count += share
+      payload += share * entry.payload
+      wire += share * entry.wire_bytes(num_replicas)
+    found[axis] = {"collectives_per_step": round(count, 3),
+                   "payload_bytes_per_step": round(payload), "wire_bytes_per_step": round(wire)}
+  return found
 
 
 def graph_collectives(concrete_function) -> int:
@@ -204,8 +233,9 @@ def replay(strategy, entries: list[Entry], repeats: int = 20, wire_counter=None,
   ops = dict(_REPLAYED, **({"all_to_all": _rows(all_to_all)} if all_to_all else {}))
   for collective, op in ops.items():
     # Pairwise (group_size 2) exchanges are replayed over all replicas: an upper bound.
+    # The model axis's (activations) run inside a replica, not among replicas: left out.
     sizes = [max(1, e.payload // 4) for e in entries
-             if e.kind != "outputs" and e.collective == collective]
+             if e.kind not in ("outputs", "activations") and e.collective == collective]
     if sizes:
       measured = _replay_chain(strategy, collective, op, sizes, repeats, wire_counter)
       found["seconds"] += measured.seconds
