@@ -171,8 +171,11 @@ class Mesh(Topology):
     """One replica a worker, on its first logical CPU; its stages on the other M - 1
     (made before the strategy starts TensorFlow's runtime: the device list is fixed then)."""
     self._cluster()   # Its message first: TF_CONFIG for this topology.
-    devices_lib.ensure_logical_cpus(self.model)
+    # Only reserved here: listing the devices would start the runtime, and the strategy
+    # must configure its collectives before that; they are checked once it has.
+    devices_lib.reserve_logical_cpus(self.model)
     strategy = multi_worker_strategy(self.workers, BINDING)
+    devices_lib.ensure_logical_cpus(self.model)
     if strategy.num_replicas_in_sync != self.data:
       raise UserError(
           f"{BINDING}.workers = {self.workers}: MultiWorkerMirroredStrategy made "
