@@ -353,14 +353,18 @@ def _build(cls, data: Any, source: str, where: str = ""):
   if not isinstance(data, dict):
     raise UserError(f"{source}: field {where!r} is {data!r}, not an object.")
   fields = {f.name: f for f in dataclasses.fields(cls)}
-  required = [n for n, f in fields.items()
-              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-  missing = [n for n in required if n not in data]
+  hints = typing.get_type_hints(cls)
+  # A field that may be null and is absent was added after its writer's version (a
+  # schema-2 file from before model parallelism has no communication.model_parallel):
+  # null, as that writer would have written it. Any other absent field is an error.
+  absent = [n for n, f in fields.items() if n not in data
+            and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+  missing = [n for n in absent if type(None) not in _kinds(hints[n])]
   if missing:
     raise UserError(f"{source} lacks the field(s) {', '.join(prefix + m for m in missing)}; "
                     f"it was not written by `replibench run` or by an incompatible version.")
-  hints = typing.get_type_hints(cls)
-  return cls(**{name: _value(hints[name], value, source, prefix + name)
+  return cls(**dict.fromkeys(absent),
+             **{name: _value(hints[name], value, source, prefix + name)
                 for name, value in data.items() if name in fields})
 
 

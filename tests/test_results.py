@@ -5,6 +5,8 @@ earlier schema versions still load, and the committed reports
 tests/data/results_v1/ holds result.json files written by replibench at
 schema_version 1 (commit 719cabc): a run on 2 logical replicas, a launched
 2-worker run (a network record) and an asynchronous parameter-server run.
+tests/data/results_v2/ holds schema-2 files of earlier writers (a launched 2-worker
+run at commit 454de3a, before communication.model_parallel existed).
 """
 
 import glob
@@ -15,6 +17,7 @@ import shutil
 import pytest
 
 from replibench import results
+from replibench.errors import UserError
 from replibench.harness import outcome
 from replibench.suite import report
 from tests import helpers
@@ -50,6 +53,24 @@ def test_a_version_1_result_loads_with_its_facts_and_writes_back_at_version_2(pa
   again = results.read(str(tmp_path))
   assert again.schema_version == results.SCHEMA_VERSION == 2
   assert again.to_dict() == {**result.to_dict(), "schema_version": results.SCHEMA_VERSION}
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(
+    helpers.REPO, "tests", "data", "results_v2", "*.json"))), ids=os.path.basename)
+def test_an_earlier_version_2_result_loads_with_the_fields_added_since_as_null(path, tmp_path):
+  raw = json.load(open(path))
+  result = _read(path, tmp_path)
+  assert "model_parallel" not in raw["communication"]
+  assert result.communication.model_parallel is None
+  assert (result.status, result.examples_per_s) == (raw["status"], raw["examples_per_s"])
+
+
+def test_a_result_missing_a_required_field_is_refused(tmp_path):
+  raw = json.load(open(V1[0]))
+  del raw["status"]
+  (tmp_path / results.FILE).write_text(json.dumps(raw))
+  with pytest.raises(UserError, match="lacks the field"):
+    results.read(str(tmp_path))
 
 
 def test_committed_reports_load():
