@@ -1,0 +1,94 @@
+"""The paired noise of measured A/B runs, and what it means for a design's power.
+
+Reads the ab.json of A/B runs whose two sides ran the same per-step computation (A/A
+runs; with --throughput_from, also runs whose change cannot move examples/s, such as
+a learning-rate change), and prints per configuration and metric the standard
+deviation of log(head/base) over their pairs. Then it resamples those measured log
+ratios (with replacement, configuration by configuration: no normal assumption) into
+simulated A/B runs of a design (--pairs per configuration), adds a true effect, and
+judges each with the tracker's own verdict (replibench.tracking.verdicts.rows): the
+share that calls a regression for the effect (power) and for none (false alarms).
+
+  python benchmarks/tracking_noise.py runs/power/aa/run*/ab.json \\
+      --throughput_from='runs/power/lr/run*/ab.json' --pairs=3 --effect=0.1
+"""
+
+import argparse
+import collections
+import glob
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from replibench.tracking import paired, verdicts  # noqa: E402
+
+METRICS = ("examples_per_s", "time_to_target_s", "steps_to_target")
+
+
+def pair_logs(paths, metrics) -> dict:
+  """{(config, metric): [log(head/base), ...]} over every pair of these A/B files."""
+  out = collections.defaultdict(list)
+  for path in paths:
+    for suite in json.load(open(path))["suites"]:
+      for p in suite["pairs"]:
+        for m in metrics:
+          b, h = p["base"]["metrics"].get(m), p["head"]["metrics"].get(m)
+          if b and h and b > 0 and h > 0:
+            out[(p["config"], m)].append(math.log(h / b))
+  return out
+
+
+def simulate(logs: dict, metric: str, configs: list, pairs: int, effect: float,
+             runs: int, seed: int) -> float:
+  """Share of resampled A/B runs (pairs per configuration) judged a regression."""
+  rng = np.random.default_rng(seed)
+  lower = metric != "examples_per_s"
+  shift = math.log(1 / (1 - effect)) if lower else math.log(1 - effect)
+  hits = 0
+  for _ in range(runs):
+    ps = []
+    for config in configs:
+      drawn = rng.choice(logs[(config, metric)], pairs) + shift
+      ps += [verdicts.Pair(config, i, 0, "AB", verdicts.Side("reached", {metric: 1.0}),
+                           verdicts.Side("reached", {metric: math.exp(x)}))
+             for i, x in enumerate(drawn)]
+    rows = verdicts.rows(ps, METRICS, True)   # Bonferroni over the suite's 3 metrics.
+    hits += any(r.verdict == paired.REGRESSION and r.metric == metric for r in rows)
+  return hits / runs
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("ab_json", nargs="+")
+  parser.add_argument("--throughput_from", default=None)
+  parser.add_argument("--pairs", default="3,6")
+  parser.add_argument("--effect", type=float, default=0.1)
+  parser.add_argument("--runs", type=int, default=2000)
+  args = parser.parse_args()
+  logs = pair_logs(args.ab_json, METRICS)
+  if args.throughput_from:
+    extra = pair_logs(glob.glob(args.throughput_from), ("examples_per_s",))
+    for key, values in extra.items():
+      logs[key] += values
+  print("paired noise: sd of log(head/base) over A/A pairs")
+  for (config, metric), values in sorted(logs.items()):
+    v = np.array(values)
+    print(f"  {config:12s} {metric:18s} n={v.size:3d}  sd={v.std(ddof=1):.4f}  "
+          f"mean={v.mean():+.4f}  max |x|={np.abs(v).max():.3f}")
+  configs = sorted({c for c, _ in logs})
+  for metric in ("examples_per_s", "time_to_target_s"):
+    for n in (int(x) for x in args.pairs.split(",")):
+      power = simulate(logs, metric, configs, n, args.effect, args.runs, 1)
+      alarms = simulate(logs, metric, configs, n, 0.0, args.runs, 2)
+      print(f"{metric}: {n} pairs x {len(configs)} configs: a {args.effect:.0%} loss called a "
+            f"regression in {power:.0%} of resampled A/B runs; A/A in {alarms:.1%}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
