@@ -23,9 +23,11 @@ from replibench.suite import report
 from tests import helpers
 
 V1 = sorted(glob.glob(os.path.join(helpers.REPO, "tests", "data", "results_v1", "*.json")))
-# Sweep reports (results/predict holds statistical-efficiency files, not reports).
+# Sweep reports by the names `replibench report` and `make bench` give them (results/
+# also holds other JSON: statistical efficiency, benchmarks' tables).
 REPORTS = sorted(p for p in glob.glob(os.path.join(helpers.REPO, "results", "**", "*.json"),
-                                      recursive=True) if "predict" not in p)
+                                      recursive=True)
+                 if os.path.basename(p) in ("report.json", "baseline.json", "smoke_baseline.json"))
 
 
 def _read(path, tmp_path):
