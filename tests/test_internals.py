@@ -200,3 +200,15 @@ def test_the_layer_being_built_is_found_from_keras_name_scopes():
   layer.build((1,))
   layer(tf.zeros([1, 1]))
   assert internals.building_keras_layer() is None and layer in seen
+
+
+def test_per_device_datasets_of_a_distributed_dataset_are_untuned():
+  """The engine's import makes tf.distribute's per-device datasets without autotuning
+  (freeing their iterators no longer waits for its thread: internals.py)."""
+  from tensorflow.python.data.ops import multi_device_iterator_ops as mdi  # pylint: disable=import-outside-toplevel
+  import replibench.engine  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  assert getattr(mdi._create_device_dataset, "untuned", False)   # pylint: disable=protected-access
+  iterator = mdi.OwnedMultiDeviceIterator(tf.data.Dataset.range(4), ["/cpu:0"])
+  device_dataset = iterator._device_iterators[0]._dataset   # pylint: disable=protected-access
+  assert device_dataset.options().autotune.enabled is False
+  assert int(next(iterator)[0]) == 0

@@ -42,6 +42,11 @@ from replibench.engine.regimes.step_metrics import StepMetrics
 from replibench.engine.replicator import CompiledStep, Replicator
 from replibench.engine.spec import InputContext, TrainSpec
 from replibench.engine.topology import Local, MultiWorker, Topology, Tpu
+from replibench.internals import untuned_per_device_datasets
+
+# tf.distribute's per-device datasets without tf.data's autotuning thread: freeing one
+# otherwise waits up to a minute for it (internals.untuned_per_device_datasets).
+untuned_per_device_datasets()
 
 __all__ = [
     "all_gather", "all_reduce", "all_reduce_gradients", "apply_reduced", "average_loss",
