@@ -353,18 +353,22 @@ class _PairKeys:
     return key
 
 
-_PAIR_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_PAIR_KEYS_LOCK = threading.Lock()
-_pair_slots_used = 0
+class PerStrategy:
+  """One object a tf.distribute strategy (key ranges), made by make(slot) when the
+  strategy first asks; slots are numbered in that order, which is the same on every
+  worker of a cluster, so the workers' keys agree."""
+
+  def __init__(self, make):
+    self._make, self._made = make, weakref.WeakKeyDictionary()
+    self._lock, self._slots = threading.Lock(), 0
+
+  def current(self):
+    strategy = tf.distribute.get_strategy()
+    with self._lock:
+      if strategy not in self._made:
+        self._made[strategy] = self._make(self._slots)
+        self._slots += 1
+      return self._made[strategy]
 
 
-def _pair_keys() -> _PairKeys:
-  """The current strategy's pair keys. Strategies take key ranges in the order of
-  their first exchange, which is the same on every worker of a cluster."""
-  global _pair_slots_used
-  strategy = tf.distribute.get_strategy()
-  with _PAIR_KEYS_LOCK:
-    if strategy not in _PAIR_KEYS:
-      _PAIR_KEYS[strategy] = _PairKeys(_pair_slots_used)
-      _pair_slots_used += 1
-    return _PAIR_KEYS[strategy]
+_pair_keys = PerStrategy(_PairKeys).current   # The current strategy's pair keys.

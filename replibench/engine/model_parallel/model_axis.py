@@ -17,7 +17,6 @@ recorded and not built (the traced shapes are what matters).
 """
 
 import threading
-import weakref
 
 import tensorflow as tf
 
@@ -60,19 +59,7 @@ class _Keys:
     return key
 
 
-_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_KEYS_LOCK = threading.Lock()
-_slots_used = 0
-
-
-def _keys() -> _Keys:
-  global _slots_used
-  strategy = tf.distribute.get_strategy()
-  with _KEYS_LOCK:
-    if strategy not in _KEYS:
-      _KEYS[strategy] = _Keys(_slots_used)
-      _slots_used += 1
-    return _KEYS[strategy]
+_keys = collectives.PerStrategy(_Keys).current   # The current strategy's model-group keys.
 
 
 def all_reduce(x: tf.Tensor) -> tf.Tensor:
