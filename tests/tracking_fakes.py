@@ -96,6 +96,9 @@ class FakeRunner:
     with open(os.path.join(side.env.code, "speed.txt")) as f:
       speed = float(f.read())
     self.calls.append((side.label, trial.name, trial_dir))
-    noise = _noise(self.salt, side.label, trial.name, trial_dir, sigma=self.sigma)
+    # Seeded by what names the trial, not by its directory (under pytest's tmp_path, a
+    # new one each run): the same A/B draws the same noise every time.
+    noise = _noise(self.salt, side.label, trial.name, os.path.basename(trial_dir),
+                   sigma=self.sigma)
     write_result(trial_dir, trial.seed, speed, noise)
     return 0
