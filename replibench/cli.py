@@ -38,7 +38,8 @@ flags.DEFINE_string("efficiency", None, "predict: the statistical-efficiency fil
 flags.DEFINE_string("topology", None, "predict: a topology gin file, applied after the config "
                     "(instead of --workers).")
 flags.DEFINE_string("sweep", None, "The sweep declaration (TOML, beside the gin files).")
-flags.DEFINE_integer("seeds", None, "Run seeds 1..K instead of the sweep file's seeds.")
+flags.DEFINE_integer("seeds", None, "Run seeds 1..K instead of the sweep file's seeds (ab, "
+                     "bisect: instead of the suite's design).")
 flags.DEFINE_string("out", None, "Output directory (default DIR/report).")
 flags.DEFINE_string("baseline", None, "The baseline report.json (or sweep directory).")
 flags.DEFINE_boolean("normalize", False, "Where the two sides' machine calibrations differ by "
@@ -60,7 +61,8 @@ flags.DEFINE_integer("rounds", None, "ab, bisect: runs of every trial per side (
 flags.DEFINE_integer("first_seed", 1, "ab, bisect: with --seeds=K, run seeds first_seed .. "
                      "first_seed + K - 1 (another sample of seeds).")
 flags.DEFINE_list("configs", None, "ab, bisect: only these configurations of the sweep "
-                  "(labels, e.g. replicas=1,workers=2).")
+                  "(labels, e.g. replicas=1,workers=2), or all (default: the suite's "
+                  "design, replibench/tracking/suites.py).")
 flags.DEFINE_list("min_effect", [], "ab, bisect: minimum effects as metric=fraction (defaults "
                   "0.05; final_metric 0.01): a smaller change is never a regression.")
 flags.DEFINE_list("metric", [], "ab: the metrics to judge (default: the sweep file's judge "

@@ -1,6 +1,7 @@
 """The A/B, bisect and history commands on a small git repository with a fake suite
 (tests/tracking_fakes.py): worktrees, environments, ABBA order, verdicts, bad input."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,10 +20,10 @@ def repo(tmp_path, monkeypatch):
   return fakes.make_repo(tmp_path / "repo")
 
 
-def _ab(repo, base, head, runner=None, workdir="t", **options):
+def _ab(repo, base, head, runner=None, workdir="t", suite=fakes.SUITE, **options):
   base_rev = revisions.resolve(repo, base, "--base")
   head_rev = revisions.resolve(repo, head, "--head")
-  return commands.run_ab(base_rev, head_rev, [fakes.SUITE], ab.Options(**options), repo,
+  return commands.run_ab(base_rev, head_rev, [suite], ab.Options(**options), repo,
                          os.path.join(repo, "runs", "ab", workdir),
                          runner=runner or fakes.FakeRunner(), log=lambda line: None)
 
@@ -46,6 +47,20 @@ def test_a_slower_head_is_a_regression_and_the_same_code_is_not(repo):
   assert not same.regressions
   with pytest.raises(UserError, match="holds an A/B of other base"):
     _ab(repo, good, "HEAD", workdir="aa")
+
+
+def test_a_suites_default_design_is_run_unless_the_options_say_otherwise(repo):
+  suite = dataclasses.replace(fakes.SUITE, configs=("replicas=2",), seeds=(4, 5))
+  pairs = lambda workdir, **options: sorted(   # noqa: E731
+      (p.config, p.seed) for p in _ab(repo, "HEAD", "HEAD", workdir=workdir, suite=suite,
+                                      **options)[0][0].pairs)
+  assert pairs("default") == [("replicas=2", 4), ("replicas=2", 5)]
+  assert pairs("all", configs=("all",)) == [("replicas=1", 4), ("replicas=1", 5),
+                                            ("replicas=2", 4), ("replicas=2", 5)]
+  assert pairs("seed", seeds=(1,)) == [("replicas=2", 1)]
+  gone = dataclasses.replace(suite, configs=("replicas=8",))
+  with pytest.raises(UserError, match=r"default configurations.*--configs=all"):
+    _ab(repo, "HEAD", "HEAD", workdir="gone", suite=gone)
 
 
 def test_trials_run_interleaved_abba_from_each_revisions_checkout(repo):

@@ -26,7 +26,7 @@ from replibench.suite import sweep as sweep_lib
 from replibench.suite import sweep_file
 from replibench.suite.sweep_file import Trial
 from replibench.tracking import environments, record, revisions, verdicts
-from replibench.tracking.suites import Suite
+from replibench.tracking.suites import ALL_CONFIGS, Suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +39,9 @@ class SideSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  rounds: int | None = None           # None: the suite's default
-  seeds: tuple[int, ...] | None = None   # None: the sweep file's
-  configs: tuple[str, ...] | None = None  # None: every configuration
+  rounds: int | None = None           # None: the suite's default (suites.py)
+  seeds: tuple[int, ...] | None = None   # None: the suite's default, else the sweep file's
+  configs: tuple[str, ...] | None = None  # None: the suite's default; ('all',): every one
   bindings: tuple[str, ...] = ()      # gin bindings added to every trial on both sides
   metrics: tuple[str, ...] | None = None  # None: the head sweep file's judge list
   min_effects: dict = dataclasses.field(default_factory=dict)
@@ -100,16 +100,30 @@ def check_suites(repo: str, revs: dict[str, revisions.Revision],
             f"Choose a {label} revision that has it, or A/B the other suites.")
 
 
+def design(suite: Suite, options: Options) -> tuple[tuple | None, tuple | None, int]:
+  """(configurations or None for all, seeds or None for the sweep's, rounds) an A/B runs:
+  the options' where given, else the suite's default design."""
+  configs = suite.configs if options.configs is None else options.configs
+  if configs is not None and ALL_CONFIGS in configs:
+    configs = None
+  seeds = suite.seeds if options.seeds is None else options.seeds
+  return configs, seeds, options.rounds or suite.rounds
+
+
 def _trials(side: SideSpec, suite: Suite, options: Options) -> tuple[sweep_file.Sweep, dict]:
   sweep = sweep_file.load(os.path.join(side.env.code, suite.sweep))
-  trials = sweep_file.expand(sweep, seeds=options.seeds, extra_bindings=options.bindings)
-  if options.configs is not None:
+  configs, seeds, _ = design(suite, options)
+  trials = sweep_file.expand(sweep, seeds=seeds, extra_bindings=options.bindings)
+  if configs is not None:
     known = {t.config for t in trials}
-    unknown = [c for c in options.configs if c not in known]
+    unknown = [c for c in configs if c not in known]
     if unknown:
-      raise UserError(f"--configs={','.join(options.configs)}: {unknown} not in {suite.sweep} "
-                      f"at {side.label} {side.rev.short} (it has {', '.join(sorted(known))}).")
-    trials = [t for t in trials if t.config in options.configs]
+      given = (f"--configs={','.join(configs)}" if options.configs is not None
+               else f"suite {suite.name}'s default configurations ({', '.join(configs)})")
+      raise UserError(f"{given}: {unknown} not in {suite.sweep} at {side.label} "
+                      f"{side.rev.short} (it has {', '.join(sorted(known))}; "
+                      f"--configs=all runs every one).")
+    trials = [t for t in trials if t.config in configs]
   return sweep, {t.name: t for t in trials}
 
 
@@ -172,7 +186,7 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
   if not names:
     raise UserError(f"--suite={suite.name}: the two revisions' {suite.sweep} share no trial "
                     f"(base has {sorted(base_trials)[:3]}..., head {sorted(head_trials)[:3]}...).")
-  rounds = options.rounds or suite.rounds
+  rounds = design(suite, options)[2]
   plan = schedule(names, rounds)
   started, pairs, kept = time.monotonic(), [], []
   log(f"{suite.name}: {len(names)} trials x {rounds} round(s) x 2 sides = {2 * len(plan)} "

@@ -1,8 +1,10 @@
 """The suites the tracker knows: `make bench`'s three, each a sweep file in the repo.
 
-`rounds` is how many times an A/B runs each trial per side by default: one suite's
-A/B must fit 15 minutes on a 2-core machine and `make bench-ab` 30
-(results/tracking/README.md has the measured times).
+Each suite's default A/B design (which configurations, seeds and rounds an A/B runs
+unless --configs, --seeds or --rounds say otherwise) is chosen for power within the
+time: one suite's A/B must fit 15 minutes on a 2-core machine and `make bench-ab` 30.
+At the measured paired noise (~10% a pair on examples/s) a 10% loss needs about 15
+pairs; results/tracking/README.md has the noise, the power and the measured times.
 """
 
 import dataclasses
@@ -15,13 +17,19 @@ class Suite:
   name: str
   sweep: str           # relative to the repository root
   rounds: int = 1
+  configs: tuple[str, ...] | None = None   # None: every configuration of the sweep
+  seeds: tuple[int, ...] | None = None     # None: the sweep file's seeds
 
 
 SUITES = {s.name: s for s in (
-    Suite("resnet", "configs/resnet/scaling.sweep", rounds=1),
+    # 15 pairs in ~13 min: one process, logical replicas and worker processes (the
+    # sweep's replicas=4 and workers=1 with --configs=all: 15 pairs in 15.5 min).
+    Suite("resnet", "configs/resnet/scaling.sweep", rounds=1,
+          configs=("replicas=1", "replicas=2", "workers=2"), seeds=(1, 2, 3, 4, 5)),
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
-    Suite("d4pg", "configs/d4pg/learner_scaling.sweep", rounds=2),
+    Suite("d4pg", "configs/d4pg/learner_scaling.sweep", rounds=1),
 )}
+ALL_CONFIGS = "all"   # --configs=all: every configuration of the sweep
 
 
 def parse(value: str, flag: str = "--suite") -> list[Suite]:
