@@ -10,7 +10,7 @@ judges each with the tracker's own verdict (replibench.tracking.verdicts.rows): 
 share that calls a regression for the effect (power) and for none (false alarms).
 
   python benchmarks/tracking_noise.py runs/power/aa/run*/ab.json \\
-      --throughput_from='runs/power/lr/run*/ab.json' --pairs=3 --effect=0.1
+      --throughput_from='runs/power/lr/run*/ab.json' --pairs=3 --effect=0.1 [--suite=sngan]
 """
 
 import argparse
@@ -30,11 +30,14 @@ from replibench.tracking import paired, verdicts  # noqa: E402
 METRICS = ("examples_per_s", "time_to_target_s", "steps_to_target")
 
 
-def pair_logs(paths, metrics) -> dict:
-  """{(config, metric): [log(head/base), ...]} over every pair of these A/B files."""
+def pair_logs(paths, metrics, suite_name=None) -> dict:
+  """{(config, metric): [log(head/base), ...]} over every pair of these A/B files (of
+  one suite's, if suite_name is given)."""
   out = collections.defaultdict(list)
   for path in paths:
     for suite in json.load(open(path))["suites"]:
+      if suite_name and suite["suite"] != suite_name:
+        continue
       for p in suite["pairs"]:
         for m in metrics:
           b, h = p["base"]["metrics"].get(m), p["head"]["metrics"].get(m)
@@ -69,10 +72,11 @@ def main() -> int:
   parser.add_argument("--pairs", default="3,6")
   parser.add_argument("--effect", type=float, default=0.1)
   parser.add_argument("--runs", type=int, default=2000)
+  parser.add_argument("--suite", default="resnet", help="the suite whose pairs to read")
   args = parser.parse_args()
-  logs = pair_logs(args.ab_json, METRICS)
+  logs = pair_logs(args.ab_json, METRICS, args.suite)
   if args.throughput_from:
-    extra = pair_logs(glob.glob(args.throughput_from), ("examples_per_s",))
+    extra = pair_logs(glob.glob(args.throughput_from), ("examples_per_s",), args.suite)
     for key, values in extra.items():
       logs[key] += values
   print("paired noise: sd of log(head/base) over A/A pairs")
@@ -80,9 +84,9 @@ def main() -> int:
     v = np.array(values)
     print(f"  {config:12s} {metric:18s} n={v.size:3d}  sd={v.std(ddof=1):.4f}  "
           f"mean={v.mean():+.4f}  max |x|={np.abs(v).max():.3f}")
-  configs = sorted({c for c, _ in logs})
   for metric in ("examples_per_s", "time_to_target_s"):
-    for n in (int(x) for x in args.pairs.split(",")):
+    configs = sorted({c for c, m in logs if m == metric})
+    for n in (int(x) for x in args.pairs.split(",") if configs):
       power = simulate(logs, metric, configs, n, args.effect, args.runs, 1)
       alarms = simulate(logs, metric, configs, n, 0.0, args.runs, 2)
       print(f"{metric}: {n} pairs x {len(configs)} configs: a {args.effect:.0%} loss called a "

@@ -12,6 +12,8 @@ length may run between them.
 import ast
 import os
 import re
+import subprocess
+import sys
 
 from tests import helpers
 
@@ -36,7 +38,7 @@ ALLOWED = {
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
           "replibench.results", "replibench.processes", "replibench.rates",
           "replibench.allocator", "replibench.inputs", "replibench.device_profile",
-          "replibench.native_logs"}
+          "replibench.native_logs", "replibench.cluster"}
 
 
 def _modules() -> dict[str, str]:
@@ -200,3 +202,13 @@ def test_every_gin_configurable_is_registered_by_loading_a_config():
       if re.search(r"gin\.(configurable|external_configurable|register)\b", open(path).read())
       and not any(module == name or module.startswith(name + ".") for name in registered)]
   assert not unregistered, unregistered
+
+
+def test_the_launcher_starts_tasks_without_importing_tensorflow():
+  """`replibench launch` only starts processes: TensorFlow in it would cost every
+  launched cluster seconds of start-up and ~0.6 GB before its tasks begin."""
+  done = subprocess.run(
+      [sys.executable, "-c", "import sys, replibench.cli, replibench.harness.launcher; "
+       "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))"],
+      cwd=helpers.REPO, capture_output=True, text=True, check=True)
+  assert done.stdout.strip() == "[]", done.stdout[:500]

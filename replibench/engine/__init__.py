@@ -23,7 +23,8 @@ Public API (documented in README.md):
   measure       communication accounts, noise scale, cost (parameters, FLOPs, bytes),
                 device memory (what each device of a mesh holds and keeps)
 
-Dependencies inside the engine point down: cluster imports no other engine module,
+Dependencies inside the engine point down (TF_CONFIG's cluster facts are replibench/cluster.py,
+outside it, so that the launcher reads them without importing TensorFlow):
 collectives only fusion and measure (which imports none); aggregation uses
 collectives; regimes use aggregation; spec and interface use the regimes; the
 replicators implement interface (model_parallel's extends the lockstep one); factory

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from replibench.engine import cluster, collectives
+from replibench import cluster
+from replibench.engine import collectives
 from replibench.engine.interface import BaseReplicator, BaseStep
 from replibench.engine.measure import communication
 from replibench.engine.regimes.base import Regime

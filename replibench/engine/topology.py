@@ -11,8 +11,8 @@ import dataclasses
 import gin
 import tensorflow as tf
 
-from replibench import internals
-from replibench.engine import cluster, devices
+from replibench import cluster, internals
+from replibench.engine import devices
 from replibench.errors import UserError
 from replibench.inputs import shown
 

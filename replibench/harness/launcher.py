@@ -37,8 +37,8 @@ import sys
 import threading
 import time
 
+from replibench import cluster as cluster_lib
 from replibench import errors, processes, rates
-from replibench.engine import cluster as cluster_lib
 from replibench.harness import netns
 
 

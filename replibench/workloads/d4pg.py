@@ -32,8 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from models import d4pg
-from replibench import engine, errors, inputs
-from replibench.engine import cluster
+from replibench import cluster, engine, errors, inputs
 from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.rl import actors as actors_lib

@@ -28,8 +28,8 @@ import dataclasses
 import gin
 import tensorflow as tf
 
-from replibench import internals
-from replibench.engine import cluster, devices as devices_lib
+from replibench import cluster, internals
+from replibench.engine import devices as devices_lib
 from replibench.engine.model_parallel import layout as layout_lib
 from replibench.engine.model_parallel.data_axis import DataAxisOps
 from replibench.engine.regimes import ShardedSync, Sync

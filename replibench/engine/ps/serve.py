@@ -10,7 +10,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from replibench.engine import cluster
+from replibench import cluster
 from replibench.errors import UserError
 
 
