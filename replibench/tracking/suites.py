@@ -3,8 +3,9 @@
 Each suite's default A/B design (which configurations, seeds and rounds an A/B runs
 unless --configs, --seeds or --rounds say otherwise) is chosen for power within the
 time: one suite's A/B must fit 15 minutes on a 2-core machine and `make bench-ab` 30.
-At the measured paired noise (~10% a pair on examples/s) a 10% loss needs about 15
-pairs; results/tracking/README.md has the noise, the power and the measured times.
+At the paired noise measured on a 2-core VM (ResNet's examples/s ~12% a pair) a 10%
+loss needs about 20 pairs to be seen 9 times in 10; results/tracking/README.md has
+the noise, the power and the measured times.
 """
 
 import dataclasses
@@ -23,13 +24,13 @@ class Suite:
 
 SUITES = {s.name: s for s in (
     # One process, logical replicas and worker processes, 7 seeds: 21 pairs in ~13 min
-    # (--configs=all adds the sweep's replicas=4 and workers=1). Examples/s moves ~11%
+    # (--configs=all adds the sweep's replicas=4 and workers=1). Examples/s moves ~12%
     # a pair, time to target ~9%: 21 pairs see a 10% loss ~9 times in 10.
     Suite("resnet", "configs/resnet/scaling.sweep", rounds=1,
           configs=("replicas=1", "replicas=2", "workers=2"), seeds=tuple(range(1, 8))),
-    # 6 pairs, ~9 min: time to target moves ~5% a pair (examples/s ~11%).
+    # 6 pairs, ~9 min: time to target moves ~5% a pair (examples/s ~9%).
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
-    # 6 pairs, ~4.5 min: learner examples/s moves ~4% a pair.
+    # 6 pairs, ~5 min: learner examples/s moves ~6% a pair.
     Suite("d4pg", "configs/d4pg/learner_scaling.sweep", rounds=1),
 )}
 ALL_CONFIGS = "all"   # --configs=all: every configuration of the sweep
