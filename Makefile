@@ -85,11 +85,12 @@ data:
 # peak (the xdist workers grow to ~2.5-3.7 GB each, launched clusters come on top);
 # 856 s for 614 tests (8 skipped: GPU) and 8.0 GB in use at peak above an idle 0.63 GB
 # (8.3 GB in the one run before conftest's malloc_trim), 920 s for the whole clean-clone
-# .ci/run. 2026-11-26, 2-core Zen 4 EPYC: 812 tests in 847 s with --dist worksteal (908 s
-# without), 7.2 GiB in use at peak above an idle 0.47 GiB (967-1,047 s and ~9 GB before
-# `replibench launch` stopped importing TensorFlow). --dist worksteal: an idle worker
-# takes queued tests from the other, so the long multi-process tests do not leave one
-# core idle at the end.
+# .ci/run. 2026-11-26, 2-core Zen 4 EPYC: 812 tests in 908 s and then 847 s (one run
+# each, before and after --dist worksteal; runs differ by tens of seconds, so no saving
+# is claimed for it), 7.2 GiB in use at peak above an idle 0.47 GiB (967-1,047 s and
+# ~9 GB before `replibench launch` stopped importing TensorFlow). --dist worksteal: an
+# idle worker takes queued tests from the other, so a long multi-process test at the
+# end does not leave one core idle.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
