@@ -77,6 +77,9 @@ class D4PG(Workload):
   higher_is_better = True
   target_range = (0.0, 1000.0)   # dm_control: rewards in [0, 1] over 1,000-step episodes.
   host_local_input = True   # The learner samples the replay its actors fill in this process.
+  # Evaluation episodes are not timed (as MLPerf's RL benchmark leaves its evaluation
+  # games out of time to train): time to target is the learner's training time.
+  timed_evaluation = False
 
   def __init__(self, env: envs.EnvConfig | None = None, name: str = "d4pg",
                networks: Callable[..., d4pg.D4PGNetworks] = d4pg.D4PGNetworks,
