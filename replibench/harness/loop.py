@@ -25,11 +25,11 @@ from replibench.config.experiment import Experiment
 from replibench.engine import ps
 from replibench.engine.measure import noise_scale
 from replibench.harness import netns, outcome, progress, provenance, throughput, wire
-from replibench.harness.timed_span import TimedSpan
 from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
 from replibench.harness.state import RunState, StateVariable
+from replibench.harness.timed_span import TimedSpan
 
 
 class _Run:

@@ -32,8 +32,8 @@ SUITES = {s.name: s for s in (
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
     # Time and learner steps to return 500 on cartpole-balance, and learner examples/s
     # (the sweep's judge list). 4 pairs (one process and two worker processes, seeds 1
-    # and 2), estimated ~8-10 min: a trial now trains to the target (~1,500-3,000
-    # learner steps, ~1-1.5 min) instead of a fixed 1,000 steps (6 pairs took
+    # and 2), estimated 5-10 min: a trial now trains to the target (~1,500-3,000
+    # learner steps, ~0.5-1.5 min) instead of a fixed 1,000 steps (6 pairs took
     # 4.7-5.0 min). Not yet measured; the noise of time to target is the seed's and
     # the asynchronous actors' (a seed's runs differ by whole evaluations of 250
     # steps), so far above examples/s's ~6% a pair: expect these 4 pairs to catch
