@@ -44,7 +44,9 @@ SWEEP_d4pg := configs/d4pg/learner_scaling.sweep
 MACHINE_FACTORS := time_to_target_s=0.35,examples_per_s=0.25
 FACTORS_resnet := --factors=$(MACHINE_FACTORS)
 FACTORS_sngan := --factors=$(MACHINE_FACTORS),steps_to_target=0.5
-FACTORS_d4pg := --factors=$(MACHINE_FACTORS)
+# D4PG's steps to target move with the seed's and the actors' timing, in evaluations of
+# 250 learner steps (learner_scaling.sweep): a 50% effect, as SN-GAN's.
+FACTORS_d4pg := --factors=$(MACHINE_FACTORS),steps_to_target=0.5
 # Smoke runs last seconds: their times are start-up noise and their metrics those of
 # toy models, so bench-smoke judges only that every trial still converges.
 FACTORS_SMOKE := --judge=converged

@@ -189,3 +189,12 @@ def test_the_rate_range_is_what_tc_can_apply():
   byte a second, and a burst (token_bucket_bytes) that fits in 32 bits."""
   assert rates.bits_per_second(rates.LOWEST) >= 8
   assert rates.token_bucket_bytes(rates.HIGHEST) < 2**32
+
+
+def test_more_actor_cores_than_the_machine_leaves_the_learner_exits_2(capsys, tmp_path):
+  cores = len(os.sched_getaffinity(0))
+  line = run_cli(capsys, "run", "--gin_file=configs/d4pg/learner_scaling.gin",
+                 "--gin_file=configs/d4pg/smoke.gin",
+                 f"--gin_bindings=D4PG.actor_cores = {cores}", f"--workdir={tmp_path / 'run'}")
+  assert f"D4PG.actor_cores = {cores}" in line and f"at most {cores - 1}" in line, line
+  assert not (tmp_path / "run").exists()

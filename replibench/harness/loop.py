@@ -3,10 +3,12 @@
 Timing follows MLPerf: init (building the replicated program, restoring,
 tracing the training and evaluation steps) is measured apart; the timed span
 runs from run_start to the first evaluation that meets the target and includes
-training, evaluation and checkpointing. The span, the eval curve and the
-outcome are saved inside each checkpoint (harness/state.py), so a resumed run
-continues them, and a run whose outcome is already in its checkpoint only
-writes result.json again.
+training, evaluation and checkpointing, except where the workload's evaluation
+is not timed (Workload.timed_evaluation False: reinforcement learning, whose
+evaluation episodes MLPerf leaves out; harness/timed_span.py). The span, the
+eval curve and the outcome are saved inside each checkpoint
+(harness/state.py), so a resumed run continues them, and a run whose outcome
+is already in its checkpoint only writes result.json again.
 """
 
 import contextlib
@@ -27,6 +29,7 @@ from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
 from replibench.harness.state import RunState, StateVariable
+from replibench.harness.timed_span import TimedSpan
 
 
 class _Run:
@@ -121,8 +124,8 @@ class _Run:
       logging.info("%s: the checkpoint holds a finished run (%s); writing its result.",
                    self.workdir, self.state.status)
       return self._result()
-    session_start, self._session_base = time.monotonic(), float(self.elapsed.numpy())
-    elapsed = lambda: self._session_base + time.monotonic() - session_start  # noqa: E731
+    self._session_base = float(self.elapsed.numpy())
+    elapsed = TimedSpan(self._session_base, clock=time.monotonic)
     self.state.begin_session(int(self.step.numpy()), self.init_s)
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     self.wire = wire.WireMeter(int(self.step.numpy()))
@@ -165,7 +168,7 @@ class _Run:
         self._log_train(step, outputs, meter, elapsed())
       if not self.synthetic and (step % exp.eval_every_steps == 0 or step >= self.limit):
         self.mllog.block_stop(self._samples())
-        with self.wire.counted_apart("eval"):
+        with self.wire.counted_apart("eval"), self._eval_timing(elapsed):
           value = self._evaluate(step, elapsed)
         meter.evaluated(step, value)
         if not math.isfinite(value):
@@ -178,6 +181,12 @@ class _Run:
       if step % exp.checkpoint_every_steps == 0:
         self.save()
     return results.BUDGET_EXHAUSTED, None
+
+  def _eval_timing(self, elapsed: TimedSpan):
+    """The evaluation's place in the timed span: inside it, or (RL) paused."""
+    if self.workload.timed_evaluation:
+      return contextlib.nullcontext()
+    return elapsed.untimed()
 
   def _samples(self) -> int:
     return int(self.step.numpy()) * self.spec.global_batch_size

@@ -106,12 +106,14 @@ class ActorPool:
   (seed, i, k). max_restarts: total restarts allowed across the pool.
   stall_timeout_s: an actor silent this long (including start-up) counts as
   crashed. max_messages: per actor per drain() call, so one fast actor cannot
-  keep the learner draining forever.
+  keep the learner draining forever. cores: pin every actor (and evaluator)
+  process to these cores (rl/placement.py); None: they share this process's.
   """
 
   def __init__(self, config: ActorConfig | None = None, num_actors: int = 1, seed: int = 0,
                evaluator: bool = False, max_restarts: int = 3,
-               stall_timeout_s: float = 300.0, max_messages: int = 256):
+               stall_timeout_s: float = 300.0, max_messages: int = 256,
+               cores: set[int] | None = None):
     self.config = config or ActorConfig()
     envs.check_task(self.config.env.task)  # Fail in the learner, not in every child.
     if num_actors < 1:
@@ -121,6 +123,7 @@ class ActorPool:
     self.max_restarts = max_restarts
     self.stall_timeout_s = stall_timeout_s
     self.max_messages = max_messages
+    self.cores = set(cores) if cores else None
     self.restarts = 0
     self._ctx = multiprocessing.get_context("spawn")
     self._slots = [_Slot(f"actor-{i}", i, False) for i in range(num_actors)]
@@ -180,6 +183,8 @@ class ActorPool:
     child_env["MUJOCO_GL"] = "egl" if self.config.env.pixels else "disable"
     with _spawn_conditions(child_env):
       slot.process.start()
+    if self.cores:   # From here (a restarted actor too); its first instants ran unpinned.
+      os.sched_setaffinity(slot.process.pid, self.cores)
     writer.close()  # The child holds the only write end: its death means EOF here.
     slot.conn = reader
     slot.started = slot.last_message = time.monotonic()

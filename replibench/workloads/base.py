@@ -31,6 +31,10 @@ class Workload(abc.ABC):
   # True when input_fn reads state of this process (e.g. a replay buffer its actors
   # fill), so the step cannot run on another process (regimes.AsyncPS workers).
   host_local_input: bool = False
+  # Whether evaluation counts in the timed span (time to target). MLPerf Training times
+  # the evaluation of its supervised benchmarks; an RL workload's evaluation episodes
+  # (played apart from training, the exploring actors idle meanwhile) are not timed.
+  timed_evaluation: bool = True
   # The MLPerf Training benchmark this workload is a version of (its mllog's
   # submission_benchmark), or None: the log then names the workload.
   mlperf_benchmark: str | None = None

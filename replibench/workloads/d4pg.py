@@ -38,6 +38,7 @@ from replibench.errors import UserError
 from replibench.rl import actors as actors_lib
 from replibench.rl import envs
 from replibench.rl import evaluation
+from replibench.rl import placement
 from replibench.rl import replay as replay_lib
 from replibench.rl.feeder import ReplayFeeder
 from replibench.workloads import precision
@@ -70,13 +71,19 @@ class D4PG(Workload):
   only where pixels require it). synthetic: a SyntheticTransitions source
   (replibench/data/synthetic.py) feeds the learner instead of actors and replay:
   no environment is built or stepped, nothing is evaluated, and the run reports
-  learner throughput only.
+  learner throughput only. actor_cores: cores of their own for the actor
+  processes (the last actor_cores of this process's cores; the learner process is
+  pinned to the others); 0 (default): actors and learner share every core. More
+  than this process's cores less one is bad input (rl/placement.py).
   """
 
   target_metric = "eval/return"
   higher_is_better = True
   target_range = (0.0, 1000.0)   # dm_control: rewards in [0, 1] over 1,000-step episodes.
   host_local_input = True   # The learner samples the replay its actors fill in this process.
+  # Evaluation episodes are not timed (as MLPerf's RL benchmark leaves its evaluation
+  # games out of time to train): time to target is the learner's training time.
+  timed_evaluation = False
 
   def __init__(self, env: envs.EnvConfig | None = None, name: str = "d4pg",
                networks: Callable[..., d4pg.D4PGNetworks] = d4pg.D4PGNetworks,
@@ -84,7 +91,7 @@ class D4PG(Workload):
                epoch_size: int = 256_000, publish_every_steps: int = 10,
                eval_episodes: int = 5, separate_evaluator: bool | None = None,
                max_restarts: int = 3, sample_timeout_s: float = 300.0,
-               max_messages: int = 4, synthetic=None):
+               max_messages: int = 4, synthetic=None, actor_cores: int = 0):
     self.name = name
     self.env_config = env or envs.EnvConfig()
     self.synthetic = synthetic
@@ -109,6 +116,9 @@ class D4PG(Workload):
     self.publish_every_steps, self.eval_episodes = publish_every_steps, eval_episodes
     self.max_restarts, self.sample_timeout_s = max_restarts, sample_timeout_s
     self.max_messages = max_messages
+    placement.check_actor_cores(actor_cores, placement.allowed_cores())
+    self.actor_cores = actor_cores
+    self._learner_pin = None   # (each thread's cores before pinning, the process's)
     self.networks = self.spec = self.pool = self.replay = self.feeder = None
     self.evaluator = None
     self._last_step = None
@@ -178,10 +188,16 @@ class D4PG(Workload):
     seed = int(np.random.SeedSequence([spec.seed, worker]).generate_state(1)[0] % (2**31 - 1))
     self.replay = self.replay_fn(seed=seed)
     config = actors_lib.ActorConfig.from_networks(self.networks, self.env_config)
+    learner_cores, actor_cores = self._place()
     self.pool = actors_lib.ActorPool(
         config, num_actors=self.num_actors, seed=seed, evaluator=self.separate_evaluator,
-        max_restarts=self.max_restarts, max_messages=self.max_messages)
+        max_restarts=self.max_restarts, max_messages=self.max_messages, cores=actor_cores)
     self.pool.start(self.networks.actor_weights())
+    if learner_cores:
+      allowed = placement.allowed_cores()
+      self._learner_pin = (placement.pin_threads(learner_cores), allowed)
+      logging.info("D4PG: learner on cores %s, actors on %s (D4PG.actor_cores).",
+                   sorted(learner_cores), sorted(actor_cores))
     # A step's batch on this process: its replicas' batches.
     self.feeder = ReplayFeeder(self.pool, self.replay,
                                spec.per_replica_batch_size * (spec.num_replicas // workers),
@@ -192,6 +208,12 @@ class D4PG(Workload):
     logging.info("D4PG worker %d: %d actor(s)%s on %s, replay %s.", worker, self.num_actors,
                  " + evaluator" if self.separate_evaluator else "", self.env_config.task,
                  type(self.replay).__name__)
+
+  def _place(self) -> tuple[set[int] | None, set[int] | None]:
+    """(learner cores, actor cores), or (None, None) when they share every core."""
+    if not self.actor_cores:
+      return None, None
+    return placement.split_cores(self.actor_cores, placement.allowed_cores())
 
   # -- data --------------------------------------------------------------------
 
@@ -342,6 +364,9 @@ class D4PG(Workload):
         self.pool.stop()
     if self.evaluator is not None:
       self.evaluator.close()
+    if self._learner_pin is not None:   # This process may go on (tests, a sweep's next run).
+      placement.restore_threads(*self._learner_pin)
+      self._learner_pin = None
 
   def learning_rate(self, step: int) -> float:
     del step
