@@ -34,6 +34,7 @@ from scipy import stats
 REGRESSION, IMPROVEMENT, NO_CHANGE, NO_VERDICT = (
     "regression", "improvement", "no change", "no verdict")
 LEVEL = 0.95
+ROUND_DF = 10   # residual degrees of freedom a round term must leave (order_estimate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +94,11 @@ def _contrasts(levels: Sequence) -> np.ndarray:
 
 def _design(orders: Sequence[str], rounds: Sequence[int] | None) -> tuple[np.ndarray, str]:
   """The design matrix [1, order, rounds...] for these pairs and its model's name; a
-  term is left out when its factor has one level, or when it would leave fewer than 2
-  residual degrees of freedom or make the matrix singular (order and round coincide
-  when one trial runs several rounds)."""
+  term is left out when its factor has one level, when it makes the matrix singular
+  (order and round coincide when one trial runs several rounds), or when it would leave
+  too few residual degrees of freedom: 2 for the order, ROUND_DF for the rounds (a
+  round term fits drift between rounds that the pairs already cancel, so it is only
+  worth its degrees of freedom where they are many)."""
   n = len(orders)
   x, name = np.ones((n, 1)), "paired"
   if len(set(orders)) == 2:
@@ -104,7 +107,8 @@ def _design(orders: Sequence[str], rounds: Sequence[int] | None) -> tuple[np.nda
       x, name = candidate, "order"
   if rounds is not None and len(set(rounds)) > 1 and name == "order":
     candidate = np.hstack([x, _contrasts(list(rounds))])
-    if n - candidate.shape[1] >= 2 and np.linalg.matrix_rank(candidate) == candidate.shape[1]:
+    if n - candidate.shape[1] >= ROUND_DF and \
+        np.linalg.matrix_rank(candidate) == candidate.shape[1]:
       x, name = candidate, "order+round"
   return x, name
 
