@@ -53,3 +53,42 @@ def test_a_run_records_its_windows_and_runs_the_slowdown_work(tmp_path):
   assert result.windows
   assert all(w[1] > 0 and w[2] > 0 for w in result.windows)
   assert slowdown._WORK.matrix is not None              # the work ran in this process
+
+
+def test_the_real_slowdown_commit_keeps_resnets_numbers():
+  """benchmarks/tracking_power_real.py's change to ResNet's stem (extra projections
+  times a run-time zero) applies to models/resnet.py and leaves outputs and gradients
+  exactly as they were: the change costs time and nothing else."""
+  import importlib.util
+  import os
+  import types
+
+  import numpy as np
+  import tensorflow as tf
+
+  from tests import helpers
+  spec = importlib.util.spec_from_file_location(
+      "tracking_power_real", os.path.join(helpers.REPO, "benchmarks", "tracking_power_real.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  source = open(os.path.join(helpers.REPO, script.MODEL)).read()
+  assert source.count(script.ANCHOR) == 1
+  patched = types.ModuleType("patched_resnet")
+  exec(compile(source.replace(script.ANCHOR, script.PATCH.replace("{k}", "3")),
+               "patched_resnet", "exec"), patched.__dict__)
+  from models import resnet
+  models = []
+  for module in (resnet, patched):
+    tf.keras.utils.set_random_seed(0)
+    models.append(module.small_resnet.__wrapped__(widths=(4, 8)) if hasattr(
+        module.small_resnet, "__wrapped__") else module.small_resnet(widths=(4, 8)))
+  assert any(layer.name == "tracking_extra_work" for layer in models[1].layers)
+  x = tf.random.stateless_normal((2, 28, 28, 1), seed=(1, 2))
+  grads = []
+  for model in models:
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(model(x, training=True) ** 2)
+    grads.append([g.numpy() for g in tape.gradient(loss, model.trainable_variables)])
+  np.testing.assert_array_equal(models[0](x).numpy(), models[1](x).numpy())
+  for a, b in zip(*grads):
+    np.testing.assert_array_equal(a, b)
