@@ -7,7 +7,7 @@ t * s / (1 - s) seconds of extra work, so a call and its work take t / (1 - s).
 The work is compute, not a sleep. A sleep leaves the cores idle, and the next call
 starts on cold cores and caches and its thread pool's workers parked: measured on a
 2-core VM, a sleep of 1/9 of each call (asked: -10%) cost 13-16% of examples/s. The
-work here is float32 matmuls run by TensorFlow's own intra-op pool, the threads and
+work here is float32 matmuls (256 x 256) run by TensorFlow's own intra-op pool, the threads and
 cores the training step uses, so the machine stays as busy as a step that grew by
 that much. The work owed is carried from call to call (a debt), so the slowdown over
 a run is exact to one matmul, however short the calls.
@@ -17,7 +17,10 @@ import time
 
 import tensorflow as tf
 
-_SIZE = 128   # A 128 x 128 matmul: 4 MFLOP, ~0.1 ms on one core of a 2020s CPU.
+# A 256 x 256 matmul: 34 MFLOP, ~0.3-0.5 ms on 2 cores: big enough that TensorFlow
+# splits it over its intra-op threads (every core the step uses), small enough that
+# a 20 ms call's 10% is several of them (and the debt carries the remainder).
+_SIZE = 256
 
 
 class _Work:
