@@ -27,8 +27,10 @@ process CPU second. Conditions (--conditions, comma-separated; default all):
   tcmalloc     LD_PRELOAD=libtcmalloc (skipped when not installed)
   warmup       one throwaway process before each measured one (is the first slow?)
 
-Run it alone on a quiet machine (~2.5 h with the defaults below: 10 conditions x 8
-processes x 2 plus the baseline series, ~45 s a process):
+The split comes first: --processes baseline processes back to back in pairs, whose
+table gives each source's sd and share of the between-process variance. Run it alone
+on a quiet machine (~2.5 h with the command below: per configuration 8 split
+processes, then 9 conditions x 8 processes x 2, ~45 s a process):
 
   .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1,workers=2 \\
       --processes=8 --steps=300 --window_steps=20 --out=runs/noise_budget
@@ -45,6 +47,7 @@ Writes --out/noise_budget.json (every process's windows) and --out/noise_budget.
 import argparse
 import glob
 import json
+import math
 import os
 import platform
 import subprocess
@@ -62,6 +65,7 @@ from replibench.tracking import probe  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = "configs/resnet/scaling.sweep"
+SPLIT = "split"   # the series of back-to-back baseline processes
 
 
 def _library(name: str) -> str | None:
@@ -154,6 +158,13 @@ def run(args) -> dict:
     raise SystemExit(f"--conditions: unknown {unknown}; choose from {sorted(available)}")
   series: dict = {}
   for trial in trials(args.configs.split(","), args.seed, design):
+    # The split: baseline processes back to back, in pairs (0-1, 2-3, ...).
+    for i in range(2 * (args.processes // 2)):
+      p = run_process(trial, os.path.join(args.out, trial.config, "split", f"p{i}"),
+                      args.steps, available["baseline"])
+      series.setdefault((trial.config, SPLIT, "baseline"), []).append(p)
+      print(f"{trial.config} split p{i}: exit {p['exit']}, {p['examples_per_s'] or 0:,.0f} "
+            f"ex/s, {p['seconds']:.0f} s", flush=True)
     for name in wanted:
       if available[name] is None:
         print(f"{name}: skipped (not installed here)", flush=True)
@@ -171,6 +182,35 @@ def run(args) -> dict:
   return {"/".join(k): v for k, v in series.items()}
 
 
+def budget(series: dict, warmup: int, steady_windows: int) -> list[str]:
+  """The split of one configuration's back-to-back baseline processes: each source's
+  sd and its share of the between-process variance of a process's median window."""
+  fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+  lines = ["| config | metric | source | sd (log) | share of the between-process variance |",
+           "|---|---|---|---|---|"]
+  for key in sorted(k for k in series if k.split("/")[1] == SPLIT):
+    config = key.split("/")[0]
+    for cpu in (False, True):
+      x = split(series[key], warmup, cpu)
+      total = (x.get("between_sd") or 0) ** 2
+      if not total:
+        continue
+      metric = "CPU examples/s" if cpu else "wall examples/s"
+      # A median of k windows carries ~pi/2 x within^2 / k of the window-to-window noise.
+      within = math.pi / 2 * x["within_sd"] ** 2 / max(steady_windows, 1)
+      order = (x["order_gap"] / 2) ** 2 if x.get("order_gap") is not None else 0.0
+      rest = max(total - within - order, 0.0)
+      rows = (("between processes (all)", x["between_sd"], 1.0),
+              ("window to window, carried into the median", math.sqrt(within), within / total),
+              ("run order (half the second-minus-first gap)", math.sqrt(order), order / total),
+              ("process to process (the rest)", math.sqrt(rest), rest / total),
+              ("first windows against the steady ones (warm-up gap)", x.get("warmup_gap"),
+               None))
+      lines += [f"| {config} | {metric} | {name} | {fmt(sd)} | "
+                f"{'-' if share is None else f'{share:.0%}'} |" for name, sd, share in rows]
+  return lines
+
+
 def table(series: dict, warmup: int) -> list[str]:
   fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
   lines = ["| config | condition | metric | processes | within sd | between sd | paired sd "
@@ -178,7 +218,7 @@ def table(series: dict, warmup: int) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|---|"]
   for key in sorted(series):
     config, name, cond = key.split("/")
-    if cond == "baseline":
+    if cond == "baseline" or name == SPLIT:
       continue
     for cpu in (False, True):
       s = split(series[key], warmup, cpu)
@@ -213,7 +253,9 @@ def main() -> int:
   parser.add_argument("--out", default=os.path.join(REPO, "runs", "noise_budget"))
   args = parser.parse_args()
   series = run(args)
-  lines = table(series, args.warmup_windows)
+  steady_windows = args.steps // args.window_steps - args.warmup_windows
+  lines = budget(series, args.warmup_windows, steady_windows) + [""] + table(
+      series, args.warmup_windows)
   print("\n".join(lines))
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
