@@ -256,6 +256,9 @@ def main() -> int:
   steady_windows = args.steps // args.window_steps - args.warmup_windows
   lines = budget(series, args.warmup_windows, steady_windows) + [""] + table(
       series, args.warmup_windows)
+  if not any(split(v, args.warmup_windows).get("processes", 0) >= 2 for v in series.values()):
+    lines.append("\nNo series had 2 processes with 2 steady windows: raise --steps (the "
+                 "first call is left out, and a window closes at --window_steps steps).")
   print("\n".join(lines))
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
