@@ -30,10 +30,12 @@ from replibench.tracking import paired, verdicts  # noqa: E402
 METRICS = ("examples_per_s", "time_to_target_s", "steps_to_target")
 
 
-def pair_logs(paths, metrics, suite_name=None) -> dict:
+def pair_logs(paths, metrics, suite_name=None, orders=None) -> dict:
   """{(config, metric): [log(head/base), ...]} over every pair of these A/B files (of
-  one suite's, if suite_name is given)."""
+  one suite's, if suite_name is given); orders, a dict, gets each pair's order ('AB'
+  or 'BA') under the same keys."""
   out = collections.defaultdict(list)
+  orders = orders if orders is not None else collections.defaultdict(list)
   for path in paths:
     for suite in json.load(open(path))["suites"]:
       if suite_name and suite["suite"] != suite_name:
@@ -43,12 +45,15 @@ def pair_logs(paths, metrics, suite_name=None) -> dict:
           b, h = p["base"]["metrics"].get(m), p["head"]["metrics"].get(m)
           if b and h and b > 0 and h > 0:
             out[(p["config"], m)].append(math.log(h / b))
+            orders.setdefault((p["config"], m), []).append(p.get("order", "AB"))
   return out
 
 
 def simulate(logs: dict, metric: str, configs: list, pairs: int, effect: float,
-             runs: int, seed: int) -> float:
-  """Share of resampled A/B runs (pairs per configuration) judged a regression."""
+             runs: int, seed: int, orders: dict | None = None) -> float:
+  """Share of resampled A/B runs (pairs per configuration) judged a regression; each
+  drawn pair keeps its order (orders: as pair_logs fills it), so the tracker's order
+  model sees the measured order effect."""
   rng = np.random.default_rng(seed)
   lower = metric != "examples_per_s"
   shift = math.log(1 / (1 - effect)) if lower else math.log(1 - effect)
@@ -56,10 +61,12 @@ def simulate(logs: dict, metric: str, configs: list, pairs: int, effect: float,
   for _ in range(runs):
     ps = []
     for config in configs:
-      drawn = rng.choice(logs[(config, metric)], pairs) + shift
-      ps += [verdicts.Pair(config, i, 0, "AB", verdicts.Side("reached", {metric: 1.0}),
-                           verdicts.Side("reached", {metric: math.exp(x)}))
-             for i, x in enumerate(drawn)]
+      pool = logs[(config, metric)]
+      drawn = rng.integers(0, len(pool), pairs)
+      order = (orders or {}).get((config, metric)) or ["AB"] * len(pool)
+      ps += [verdicts.Pair(config, i, 0, order[j], verdicts.Side("reached", {metric: 1.0}),
+                           verdicts.Side("reached", {metric: math.exp(pool[j] + shift)}))
+             for i, j in enumerate(drawn)]
     rows = verdicts.rows(ps, METRICS, True)   # Bonferroni over the suite's 3 metrics.
     hits += any(r.verdict == paired.REGRESSION and r.metric == metric for r in rows)
   return hits / runs
@@ -74,11 +81,15 @@ def main() -> int:
   parser.add_argument("--runs", type=int, default=2000)
   parser.add_argument("--suite", default="resnet", help="the suite whose pairs to read")
   args = parser.parse_args()
-  logs = pair_logs(args.ab_json, METRICS, args.suite)
+  orders: dict = {}
+  logs = pair_logs(args.ab_json, METRICS, args.suite, orders)
   if args.throughput_from:
-    extra = pair_logs(glob.glob(args.throughput_from), ("examples_per_s",), args.suite)
+    extra_orders: dict = {}
+    extra = pair_logs(glob.glob(args.throughput_from), ("examples_per_s",), args.suite,
+                      extra_orders)
     for key, values in extra.items():
       logs[key] += values
+      orders.setdefault(key, []).extend(extra_orders[key])
   print("paired noise: sd of log(head/base) over A/A pairs")
   for (config, metric), values in sorted(logs.items()):
     v = np.array(values)
@@ -87,8 +98,8 @@ def main() -> int:
   for metric in ("examples_per_s", "time_to_target_s"):
     configs = sorted({c for c, m in logs if m == metric})
     for n in (int(x) for x in args.pairs.split(",") if configs):
-      power = simulate(logs, metric, configs, n, args.effect, args.runs, 1)
-      alarms = simulate(logs, metric, configs, n, 0.0, args.runs, 2)
+      power = simulate(logs, metric, configs, n, args.effect, args.runs, 1, orders)
+      alarms = simulate(logs, metric, configs, n, 0.0, args.runs, 2, orders)
       print(f"{metric}: {n} pairs x {len(configs)} configs: a {args.effect:.0%} loss called a "
             f"regression in {power:.0%} of resampled A/B runs; A/A in {alarms:.1%}")
   return 0

@@ -5,6 +5,8 @@ here) that change one thing a real change could, then runs `replibench ab` of HE
 against each, again and again, and counts the verdicts:
 
   slowdown   Experiment.inject_slowdown = F in the suite's gin file: examples/s x (1 - F)
+             (matmul work after each call, replibench/harness/slowdown.py; a real code
+             change calibrated to a cost: benchmarks/tracking_power_real.py)
   lr         the learning rate x F in the suite's gin file (more steps to target)
   aa         HEAD against itself (every regression is a false alarm)
 

@@ -218,6 +218,9 @@ class RunResult:
   # Throughput: training calls after the first; the first apart.
   examples_per_s: float | None = None
   first_call_s: float | None = None
+  # The training calls after the first in windows of log_every_steps steps, this session:
+  # [steps, wall seconds, process CPU seconds] each (the throughput probe's raw data).
+  windows: list = dataclasses.field(default_factory=list)
   eval_s: float | None = None   # Mean seconds per evaluation (inside time_to_target_s).
   regime: dict = dataclasses.field(default_factory=dict)           # The regime's settings.
   regime_metrics: dict = dataclasses.field(default_factory=dict)   # 'regime/...' -> run mean

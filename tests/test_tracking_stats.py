@@ -61,7 +61,9 @@ def test_convergence_rows():
     side = lambda ok: verdicts.Side("reached" if ok else "budget_exhausted",  # noqa: E731
                                     {"time_to_target_s": 1.0 if ok else None})
     return verdicts.Pair("a", 1, 0, "AB", side(base_ok), side(head_ok))
-  assert verdicts.convergence_row("a", [pair(True, False)] * 3).verdict == paired.REGRESSION
+  # McNemar's exact test: 6 of 6 discordant pairs lost is p = 1/64 <= 0.025; 3 is 1/8.
+  assert verdicts.convergence_row("a", [pair(True, False)] * 6).verdict == paired.REGRESSION
+  assert verdicts.convergence_row("a", [pair(True, False)] * 3).verdict == paired.NO_CHANGE
   assert verdicts.convergence_row("a", [pair(True, True)] * 3).verdict == paired.NO_CHANGE
   assert verdicts.convergence_row("a", [pair(True, False)]).verdict == paired.NO_CHANGE
   failed = verdicts.Pair("a", 1, 0, "AB", verdicts.Side("reached", {}),

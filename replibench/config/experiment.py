@@ -37,9 +37,10 @@ class Experiment:
   # Keras mixed-precision policy: 'float32' | 'mixed_bfloat16' | 'mixed_float16'
   # (replibench/workloads/precision.py: what stays float32, loss scaling).
   precision: str = "float32"
-  # The regression tracker's own test of its power, never set by a real config: the
-  # harness sleeps after every training call so that examples/s drop by this fraction
-  # (results/tracking/README.md). The operative config of a run shows it.
+  # The regression tracker's own test of its power, never set by a real config: after
+  # every training call the harness runs extra matmuls on the step's cores so that
+  # examples/s drop by this fraction (harness/slowdown.py; results/tracking/README.md).
+  # The operative config of a run shows it.
   inject_slowdown: float = 0.0
 
   def __post_init__(self):

@@ -24,7 +24,7 @@ from replibench import engine, results
 from replibench.config.experiment import Experiment
 from replibench.engine import ps
 from replibench.engine.measure import noise_scale
-from replibench.harness import netns, outcome, progress, provenance, throughput, wire
+from replibench.harness import netns, outcome, progress, provenance, slowdown, throughput, wire
 from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
@@ -130,11 +130,12 @@ class _Run:
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     self.wire = wire.WireMeter(int(self.step.numpy()))
     self.noise_window = {}   # Sums of the noise-scale norms since the last log line.
-    meter = progress.Meter(int(self.step.numpy()), self.limit, self.spec.global_batch_size)
+    meter = progress.Meter(int(self.step.numpy()), self.limit, self.spec.global_batch_size,
+                           window_steps=self.experiment.log_every_steps)
     status, reached_at = self._train(meter, elapsed)
     self.elapsed.assign(elapsed())
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
-                             "first_call_s": meter.first_call_s,
+                             "first_call_s": meter.first_call_s, "windows": meter.windows,
                              "calibration": self.calibration}
     if self.synthetic:
       self.state.throughput["record"] = throughput.record(
@@ -151,12 +152,12 @@ class _Run:
     exp, steps_per_call = self.experiment, self.spec.steps_per_call
     self.mllog.block_start(self._samples())
     while int(self.step.numpy()) < self.limit:
-      t0 = time.monotonic()
+      t0, cpu0 = time.monotonic(), time.process_time()
       outputs = self.train()
-      if exp.inject_slowdown:   # s / (1 - s) of the call's time removes s of examples/s.
-        time.sleep((time.monotonic() - t0) * exp.inject_slowdown / (1 - exp.inject_slowdown))
+      if exp.inject_slowdown:
+        slowdown.add_work(time.monotonic() - t0, exp.inject_slowdown)
       step = int(self.step.assign_add(steps_per_call).numpy())
-      meter.trained(steps_per_call, time.monotonic() - t0)
+      meter.trained(steps_per_call, time.monotonic() - t0, time.process_time() - cpu0)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)
@@ -261,7 +262,8 @@ class _Run:
         regime_means=state.regime_means(),
         eval_s=state.eval_time[0] / state.eval_time[1] if state.eval_time[1] else None,
         sessions=state.sessions, examples_per_s=measured.get("examples_per_s"),
-        first_call_s=measured.get("first_call_s"), communication=self.communication,
+        first_call_s=measured.get("first_call_s"), windows=measured.get("windows", []),
+        communication=self.communication,
         network=self._network(meter) if meter is not None else None,
         machine=results.Machine(**provenance.machine(measured.get("calibration"))),
         throughput=results.Throughput.of(measured["record"]) if "record" in measured else None)

@@ -52,6 +52,8 @@ class RunFacts:
   network: results.Network | None
   machine: results.Machine
   throughput: results.Throughput | None   # On synthetic data only.
+  # [steps, wall s, process CPU s] per window of log_every_steps steps (progress.Meter).
+  windows: list = dataclasses.field(default_factory=list)
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -66,6 +68,7 @@ def make_result(facts: RunFacts, status: str) -> results.RunResult:
       final_metric=facts.curve[-1][2] if facts.curve else None,
       final_metrics=facts.last_eval, metrics_at_target=facts.at_target if reached else None,
       examples_per_s=facts.examples_per_s, first_call_s=_rounded(facts.first_call_s),
+      windows=list(facts.windows),
       eval_s=_rounded(facts.eval_s), regime=facts.regime, regime_metrics=facts.regime_means,
       communication=communication_account(facts.communication, facts.examples_per_s,
                                           facts.global_batch_size),

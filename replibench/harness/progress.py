@@ -16,22 +16,35 @@ class Meter:
   Throughput leaves out each session's first training call, which also builds
   the executor and optimizes the graph (seconds for a GAN step): it is reported
   apart as first_call_s, and still counts in the timed span.
+
+  The calls after the first are also summed in windows of window_steps steps:
+  windows holds [steps, wall seconds, process CPU seconds] per finished window, in
+  order (result.json `windows`), so a throughput probe can leave out the warm-up and
+  see the spread within a process (replibench/tracking/probe.py).
   """
 
-  def __init__(self, start_step: int, limit: int, global_batch_size: int, window: int = 20):
+  def __init__(self, start_step: int, limit: int, global_batch_size: int, window: int = 20,
+               window_steps: int = 100):
     self.start_step, self.limit, self.batch = start_step, limit, global_batch_size
     self.steps, self.train_s = 0, 0.0      # Over the calls after the first.
     self.first_call_s = None
     self.recent = collections.deque(maxlen=window)   # (steps, seconds) per call
     self.last_eval = None
+    self.window_steps = max(1, window_steps)
+    self.windows: list[list] = []
+    self._open = [0, 0.0, 0.0]             # The window being summed.
 
-  def trained(self, steps: int, seconds: float) -> None:
+  def trained(self, steps: int, seconds: float, cpu_s: float = 0.0) -> None:
     self.recent.append((steps, seconds))
     if self.first_call_s is None:
       self.first_call_s = seconds
       return
     self.steps += steps
     self.train_s += seconds
+    self._open = [self._open[0] + steps, self._open[1] + seconds, self._open[2] + cpu_s]
+    if self._open[0] >= self.window_steps:
+      self.windows.append([self._open[0], round(self._open[1], 6), round(self._open[2], 6)])
+      self._open = [0, 0.0, 0.0]
 
   def evaluated(self, step: int, value: float) -> None:
     self.last_eval = (step, value)

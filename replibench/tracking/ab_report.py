@@ -56,7 +56,8 @@ def format_text(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str
   for ab in abs_:
     lines += _notes(ab)
   lines += report_lib.text_table(cells)
-  lines.append("Ratios are geometric means of paired head/base values, with t intervals at "
+  lines.append("Ratios are geometric means of paired head/base values, with t intervals (the pair "
+               "order and round modelled, paired.order_estimate) at "
                "the row's level (95% over the rows judged together, Bonferroni); a verdict "
                "needs the interval clear of 1 and the ratio beyond the minimum effect.")
   lines.append(_summary(abs_))

@@ -7,6 +7,11 @@ suite rows share a 5% budget over the metrics judged, the configuration rows
 another over metrics x configurations (Bonferroni), so an A/A run of identical
 code calls a regression in fewer than 5% of runs by construction, before the
 minimum effect lowers that further (results/tracking/README.md measures it).
+Reaching the target counts as one of the metrics judged when it is judged.
+
+Each row's estimate models the design: the pairs' order (base or head first) and
+round enter a linear model of the log ratios (paired.order_estimate), so the
+systematic gap between a pair's first and second run is not counted as noise.
 """
 
 import dataclasses
@@ -64,10 +69,11 @@ class Row:
     return d
 
 
-def _values(pairs: Sequence[Pair], metric: str) -> tuple[list[float], list[float]]:
-  """Both sides' values over the pairs where both have one (times: both converged)."""
+def _values(pairs: Sequence[Pair], metric: str) -> tuple[list[float], list[float], list[Pair]]:
+  """Both sides' values over the pairs where both have one (times: both converged), and
+  those pairs."""
   needs_target = metric in ("time_to_target_s", "steps_to_target")
-  base, head = [], []
+  base, head, kept = [], [], []
   for p in pairs:
     if needs_target and not (p.base.converged and p.head.converged):
       continue
@@ -75,7 +81,8 @@ def _values(pairs: Sequence[Pair], metric: str) -> tuple[list[float], list[float
     if b is not None and h is not None:
       base.append(float(b))
       head.append(float(h))
-  return base, head
+      kept.append(p)
+  return base, head, kept
 
 
 def _describe(values: list[float]) -> str:
@@ -89,17 +96,23 @@ def _describe(values: list[float]) -> str:
 
 def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
                min_effect: float, level: float, label: str) -> Row:
-  base, head = _values(pairs, metric)
-  est, verdict = paired.judge(base, head, lower_is_better, min_effect, level)
+  base, head, kept = _values(pairs, metric)
+  est, verdict = paired.judge(base, head, lower_is_better, min_effect, level,
+                              orders=[p.order for p in kept], rounds=[p.round for p in kept])
   note = "" if est is not None else "no pair with a value on both sides"
   if est is not None and est.low is None:
     note = "one pair: no interval, no verdict (run more rounds or seeds)"
+  elif est is not None and est.order_effect is not None and abs(est.order_effect - 1) >= 0.02:
+    note = (f"order effect {est.order_effect:.3f} (ratio when base ran first / when head "
+            f"ran first), modelled")
   return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note)
 
 
-def convergence_row(config: str, pairs: Sequence[Pair]) -> Row:
-  """Reaching the target: a regression when head loses a target base reached in every
-  pair, or fails (crashes, no result) where base did not."""
+def convergence_row(config: str, pairs: Sequence[Pair], level: float = paired.LEVEL) -> Row:
+  """Reaching the target, judged on counts: a regression when head fails (crashes, no
+  result) in more trials than base, or misses the target in pairs where base reached
+  it more often than chance allows (McNemar's exact test on the discordant pairs,
+  one-sided at (1 - level) / 2, as a row's interval)."""
   n = len(pairs)
   base_k = sum(p.base.converged for p in pairs)
   head_k = sum(p.head.converged for p in pairs)
@@ -112,14 +125,15 @@ def convergence_row(config: str, pairs: Sequence[Pair]) -> Row:
                f"trial.log)")
   lost = sum(p.base.converged and not p.head.converged for p in pairs)
   gained = sum(p.head.converged and not p.base.converged for p in pairs)
-  if base_k >= 2 and head_k == 0 or lost >= 3 and gained == 0:
-    verdict, note = paired.REGRESSION, f"head missed the target in {lost} pair(s) base reached"
-  elif head_k >= 2 and base_k == 0 or gained >= 3 and lost == 0:
-    verdict, note = paired.IMPROVEMENT, f"head reached the target in {gained} more pair(s)"
-  else:
-    verdict, note = paired.NO_CHANGE, ""
+  test = paired.discordant_test(lost, gained)
+  verdict = paired.count_verdict(test, level)
+  note = ""
+  if lost or gained:
+    note = (f"head missed the target in {lost} pair(s) base reached, reached it in "
+            f"{gained} base missed (exact p {min(test.p_worse, test.p_better):.3g}; "
+            f"needs <= {(1 - level) / 2:.3g})")
   if base_failed and base_failed == head_failed:
-    note = f"{base_failed} trial(s) failed on both sides"
+    note = "; ".join(x for x in (note, f"{base_failed} trial(s) failed on both sides") if x)
   return Row(config, "converged", "converged", text(base_k), text(head_k), None, verdict, note)
 
 
@@ -131,11 +145,15 @@ def rows(pairs: Sequence[Pair], judged: Sequence[str], higher_is_better: bool,
   min_effects = {**DEFAULT_MIN_EFFECT, **(min_effects or {})}
   configs = list(dict.fromkeys(p.config for p in pairs))
   metrics = [m for m in METRICS if m in judged]
-  suite_level = paired.bonferroni(family_level, len(metrics))
-  config_level = paired.bonferroni(family_level, len(metrics) * len(configs))
+  family = len(metrics) + ("converged" in judged)
+  suite_level = paired.bonferroni(family_level, family)
+  config_level = paired.bonferroni(family_level, family * len(configs))
   out = []
   if "converged" in judged:
-    out += [convergence_row(c, [p for p in pairs if p.config == c]) for c in configs]
+    if len(configs) > 1:
+      out.append(convergence_row(ALL_CONFIGS, pairs, suite_level))
+    level = config_level if len(configs) > 1 else suite_level
+    out += [convergence_row(c, [p for p in pairs if p.config == c], level) for c in configs]
   for metric in metrics:
     label, lower = METRICS[metric]
     if lower is None:

@@ -1,0 +1,272 @@
+"""The noise budget: how the variance of identical code's examples/s splits, and what removes it.
+
+Runs `replibench run` processes of identical code (this checkout) on one suite's
+trials (default ResNet's replicas=1, seed 1), each training --steps steps in windows
+of --window_steps (Experiment.log_every_steps; no evaluation or checkpoint inside the
+windows; result.json `windows`: [steps, wall s, CPU s] each), and splits the variance
+of log examples/s into
+
+  within a process    window to window, after the warm-up windows
+  between processes   the same command back to back (the processes' median windows)
+  run order           first or second process of a back-to-back pair (the gap)
+  configuration       between the configurations' means (with --configs=a,b)
+
+Then it tries the sources one at a time: each condition below runs its processes
+interleaved with the baseline's (baseline, condition, baseline, condition, ...: the
+machine's drift hits both alike), and the table gives each condition's between-process
+and paired sd beside the baseline's, for wall-clock examples/s and for examples per
+process CPU second. Conditions (--conditions, comma-separated; default all):
+
+  threads1     TF_NUM_INTEROP_THREADS=1, TF_NUM_INTRAOP_THREADS=<cores>, OMP_NUM_THREADS=<cores>
+  pin          taskset -c 0..cores-1 (the process pinned to the machine's cores)
+  onednn_off   TF_ENABLE_ONEDNN_OPTS=0
+  norandom     setarch <arch> -R (no address-space randomisation)
+  hashseed     PYTHONHASHSEED=0
+  glibc        REPLIBENCH_MALLOC=glibc (glibc's malloc defaults, not replibench's)
+  jemalloc     LD_PRELOAD=libjemalloc (skipped when not installed)
+  tcmalloc     LD_PRELOAD=libtcmalloc (skipped when not installed)
+  warmup       one throwaway process before each measured one (is the first slow?)
+
+The split comes first: --processes baseline processes back to back in pairs, whose
+table gives each source's sd and share of the between-process variance. Run it alone
+on a quiet machine (~2.5 h with the command below: per configuration 8 split
+processes, then 9 conditions x 8 processes x 2, ~45 s a process):
+
+  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1,workers=2 \\
+      --processes=8 --steps=300 --window_steps=20 --out=runs/noise_budget
+
+A smoke of the bookkeeping (minutes, numbers meaningless on a busy machine):
+
+  .venv/bin/python benchmarks/noise_budget.py --processes=2 --steps=40 --window_steps=10 \\
+      --warmup_windows=1 --conditions=hashseed --out=/tmp/noise_budget_smoke
+
+Writes --out/noise_budget.json (every process's windows) and --out/noise_budget.md
+(the table for results/tracking/README.md).
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from replibench import results  # noqa: E402
+from replibench.suite import sweep as sweep_lib  # noqa: E402
+from replibench.suite import sweep_file  # noqa: E402
+from replibench.tracking import probe  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = "configs/resnet/scaling.sweep"
+SPLIT = "split"   # the series of back-to-back baseline processes
+
+
+def _library(name: str) -> str | None:
+  found = sorted(glob.glob(f"/usr/lib/*/{name}.so*") + glob.glob(f"/usr/lib/{name}.so*")
+                 + glob.glob(f"/usr/local/lib/{name}.so*"))
+  return found[0] if found else None
+
+
+def conditions(cores: int) -> dict[str, tuple[dict, list[str]] | None]:
+  """name -> (environment changes, command prefix); None where it cannot run here."""
+  jemalloc, tcmalloc = _library("libjemalloc"), _library("libtcmalloc")
+  return {
+      "baseline": ({}, []),
+      "threads1": ({"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": str(cores),
+                    "OMP_NUM_THREADS": str(cores)}, []),
+      "pin": ({}, ["taskset", "-c", f"0-{cores - 1}"]),
+      "onednn_off": ({"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
+      "norandom": ({}, ["setarch", platform.machine(), "-R"]),
+      "hashseed": ({"PYTHONHASHSEED": "0"}, []),
+      "glibc": ({"REPLIBENCH_MALLOC": "glibc"}, []),
+      "jemalloc": ({"LD_PRELOAD": jemalloc}, []) if jemalloc else None,
+      "tcmalloc": ({"LD_PRELOAD": tcmalloc}, []) if tcmalloc else None,
+      "warmup": ({}, []),   # the baseline's command, after a throwaway process
+  }
+
+
+def trials(configs: list[str], seed: int, design: probe.Design) -> list:
+  sweep = sweep_file.load(os.path.join(REPO, SWEEP))
+  found = {t.config: t for t in sweep_file.expand(sweep, seeds=(seed,),
+                                                  extra_bindings=design.bindings())}
+  missing = [c for c in configs if c not in found]
+  if missing:
+    raise SystemExit(f"--configs: {missing} not in {SWEEP} (it has {sorted(found)})")
+  return [found[c] for c in configs]
+
+
+def run_process(trial, directory: str, steps: int, condition: tuple[dict, list[str]]) -> dict:
+  """One process: its result's windows, examples/s and the wall seconds it took."""
+  env_changes, prefix = condition
+  os.makedirs(directory, exist_ok=True)
+  command = prefix + sweep_lib.trial_command(trial, directory) + [f"--max_steps={steps}"]
+  start = time.monotonic()
+  with open(os.path.join(directory, "trial.log"), "ab") as log:
+    code = subprocess.run(command, cwd=REPO, env={**os.environ, **env_changes}, stdout=log,
+                          stderr=subprocess.STDOUT).returncode
+  result = results.read(directory) if code == 0 else None
+  return {"dir": directory, "exit": code, "seconds": round(time.monotonic() - start, 2),
+          "windows": result.windows if result else [],
+          "batch": result.global_batch_size if result else 0,
+          "examples_per_s": result.examples_per_s if result else None}
+
+
+def _log_rates(process: dict, warmup: int, cpu: bool = False) -> np.ndarray:
+  w = probe.steady(process["windows"], warmup)
+  if w.shape[0] == 0:
+    return np.zeros(0)
+  return np.log(w[:, 0] * process["batch"] / (w[:, 2] if cpu else w[:, 1]))
+
+
+def split(processes: list[dict], warmup: int, cpu: bool = False) -> dict:
+  """The variance components of one series of back-to-back processes of one command
+  (pairs: processes 0-1, 2-3, ...). sd in log units."""
+  rates = [_log_rates(p, warmup, cpu) for p in processes]
+  rates = [r for r in rates if r.size >= 2]
+  if len(rates) < 2:
+    return {"processes": len(rates)}
+  medians = np.array([np.median(r) for r in rates])
+  within = float(np.sqrt(np.mean([r.var(ddof=1) for r in rates])))
+  pairs = medians[: len(medians) // 2 * 2].reshape(-1, 2)
+  gaps = pairs[:, 1] - pairs[:, 0]
+  out = {"processes": len(rates), "within_sd": within,
+         "between_sd": float(medians.std(ddof=1)),
+         "paired_sd": float(gaps.std(ddof=1)) if len(gaps) >= 2 else None,
+         "order_gap": float(gaps.mean()) if len(gaps) else None,
+         "warmup_gap": float(np.mean([np.median(_log_rates(p, 0, cpu)[:warmup]) - np.median(r)
+                                      for p, r in zip(processes, rates)]))
+         if warmup else None}
+  return out
+
+
+def run(args) -> dict:
+  cores = os.cpu_count() or 1
+  design = probe.Design(processes=2, steps=args.steps, window_steps=args.window_steps,
+                        warmup_windows=args.warmup_windows)
+  available = conditions(cores)
+  wanted = [c for c in args.conditions.split(",") if c] if args.conditions else [
+      c for c in available if c != "baseline"]
+  unknown = [c for c in wanted if c not in available]
+  if unknown:
+    raise SystemExit(f"--conditions: unknown {unknown}; choose from {sorted(available)}")
+  series: dict = {}
+  for trial in trials(args.configs.split(","), args.seed, design):
+    # The split: baseline processes back to back, in pairs (0-1, 2-3, ...).
+    for i in range(2 * (args.processes // 2)):
+      p = run_process(trial, os.path.join(args.out, trial.config, "split", f"p{i}"),
+                      args.steps, available["baseline"])
+      series.setdefault((trial.config, SPLIT, "baseline"), []).append(p)
+      print(f"{trial.config} split p{i}: exit {p['exit']}, {p['examples_per_s'] or 0:,.0f} "
+            f"ex/s, {p['seconds']:.0f} s", flush=True)
+    for name in wanted:
+      if available[name] is None:
+        print(f"{name}: skipped (not installed here)", flush=True)
+        continue
+      for i in range(args.processes):
+        for cond in ("baseline", name):   # interleaved: drift hits both alike
+          directory = os.path.join(args.out, trial.config, name, cond, f"p{i}")
+          if cond == "warmup":
+            run_process(trial, directory + "-throwaway", args.steps, available["baseline"])
+          spec = available["baseline" if cond == "warmup" else cond]
+          p = run_process(trial, directory, args.steps, spec)
+          series.setdefault((trial.config, name, cond), []).append(p)
+          print(f"{trial.config} {name}/{cond} p{i}: exit {p['exit']}, "
+                f"{p['examples_per_s'] or 0:,.0f} ex/s, {p['seconds']:.0f} s", flush=True)
+  return {"/".join(k): v for k, v in series.items()}
+
+
+def budget(series: dict, warmup: int, steady_windows: int) -> list[str]:
+  """The split of one configuration's back-to-back baseline processes: each source's
+  sd and its share of the between-process variance of a process's median window."""
+  fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+  lines = ["| config | metric | source | sd (log) | share of the between-process variance |",
+           "|---|---|---|---|---|"]
+  for key in sorted(k for k in series if k.split("/")[1] == SPLIT):
+    config = key.split("/")[0]
+    for cpu in (False, True):
+      x = split(series[key], warmup, cpu)
+      total = (x.get("between_sd") or 0) ** 2
+      if not total:
+        continue
+      metric = "CPU examples/s" if cpu else "wall examples/s"
+      # A median of k windows carries ~pi/2 x within^2 / k of the window-to-window noise.
+      within = math.pi / 2 * x["within_sd"] ** 2 / max(steady_windows, 1)
+      order = (x["order_gap"] / 2) ** 2 if x.get("order_gap") is not None else 0.0
+      rest = max(total - within - order, 0.0)
+      rows = (("between processes (all)", x["between_sd"], 1.0),
+              ("window to window, carried into the median", math.sqrt(within), within / total),
+              ("run order (half the second-minus-first gap)", math.sqrt(order), order / total),
+              ("process to process (the rest)", math.sqrt(rest), rest / total),
+              ("first windows against the steady ones (warm-up gap)", x.get("warmup_gap"),
+               None))
+      lines += [f"| {config} | {metric} | {name} | {fmt(sd)} | "
+                f"{'-' if share is None else f'{share:.0%}'} |" for name, sd, share in rows]
+  return lines
+
+
+def table(series: dict, warmup: int) -> list[str]:
+  fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+  lines = ["| config | condition | metric | processes | within sd | between sd | paired sd "
+           "| order gap | first windows' gap | between sd vs its baseline |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for key in sorted(series):
+    config, name, cond = key.split("/")
+    if cond == "baseline" or name == SPLIT:
+      continue
+    for cpu in (False, True):
+      s = split(series[key], warmup, cpu)
+      b = split(series[f"{config}/{name}/baseline"], warmup, cpu)
+      ratio = (f"{(s['between_sd'] / b['between_sd']) ** 2:.2f} of the variance"
+               if s.get("between_sd") and b.get("between_sd") else "-")
+      for label, x in (("baseline", b), (cond, s)):
+        lines.append(f"| {config} | {name}: {label} | {'CPU' if cpu else 'wall'} examples/s | "
+                     f"{x.get('processes', 0)} | {fmt(x.get('within_sd'))} | "
+                     f"{fmt(x.get('between_sd'))} | {fmt(x.get('paired_sd'))} | "
+                     f"{fmt(x.get('order_gap'))} | {fmt(x.get('warmup_gap'))} | "
+                     f"{ratio if label != 'baseline' else ''} |")
+  configs = sorted({k.split("/")[0] for k in series})
+  if len(configs) > 1:
+    means = [np.mean([np.median(_log_rates(p, warmup)) for k, v in series.items()
+                      if k.startswith(c + "/") for p in v if _log_rates(p, warmup).size])
+             for c in configs]
+    lines.append(f"\nbetween configurations ({', '.join(configs)}): sd of their mean log "
+                 f"examples/s {np.std(means, ddof=1):.4f}")
+  return lines
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--configs", default="replicas=1")
+  parser.add_argument("--seed", type=int, default=1)
+  parser.add_argument("--processes", type=int, default=8, help="per condition and its baseline")
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--window_steps", type=int, default=20)
+  parser.add_argument("--warmup_windows", type=int, default=3)
+  parser.add_argument("--conditions", default=None)
+  parser.add_argument("--out", default=os.path.join(REPO, "runs", "noise_budget"))
+  args = parser.parse_args()
+  series = run(args)
+  steady_windows = args.steps // args.window_steps - args.warmup_windows
+  lines = budget(series, args.warmup_windows, steady_windows) + [""] + table(
+      series, args.warmup_windows)
+  if not any(split(v, args.warmup_windows).get("processes", 0) >= 2 for v in series.values()):
+    lines.append("\nNo series had 2 processes with 2 steady windows: raise --steps (the "
+                 "first call is left out, and a window closes at --window_steps steps).")
+  print("\n".join(lines))
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
+    json.dump({"args": vars(args), "series": series}, f, indent=1)
+  with open(os.path.join(args.out, "noise_budget.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,184 @@
+"""The A/B's throughput probe: examples/s measured where it is stable.
+
+A time-to-target trial is too short and too unsettled to give a stable examples/s
+(the first windows of a process run 10-25% slower, and processes of identical code
+differ by up to 20%). The probe measures throughput on its own terms, as asv and
+Google Benchmark do: several processes per side (the processes of a configuration
+interleaved with the other side's in ABBA order, so a pair shares the machine's
+state), and inside each process several short windows of training steps after a
+warm-up. Each process is a `replibench run` of the suite's trial with
+
+  --max_steps=steps                       training steps per process
+  Experiment.log_every_steps = window     the windows result.json records
+  Experiment.eval_every_epochs, checkpoint_every_epochs = 1000   (no evaluation or
+                                          checkpoint inside the windows)
+
+and result.json's `windows` ([steps, wall s, process CPU s] each) feed every
+estimator below; the pairs of an estimator are judged like any row of the A/B
+(verdicts.metric_row: paired ratios, the order modelled, the interval at the
+family's level). Only JUDGED decides; the others are reported with their paired
+noise so that the choice stays a measurement (benchmarks/probe_noise.py measures
+each estimator's paired noise on A/A runs; results/tracking/README.md).
+"""
+
+import dataclasses
+import os
+import subprocess
+from typing import Callable, Sequence
+
+import numpy as np
+
+from replibench import processes
+from replibench.suite import sweep as sweep_lib
+from replibench.suite.sweep_file import Trial
+from replibench.tracking import ab as ab_lib
+from replibench.tracking import paired, verdicts
+
+WINDOW_STEPS, LOG_FILE = 20, "trial.log"
+
+
+def _rate(windows: np.ndarray, batch: int) -> np.ndarray:
+  """Examples/s of each window ((k, 3) rows of [steps, wall s, CPU s])."""
+  return windows[:, 0] * batch / windows[:, 1]
+
+
+def _trimmed(x: np.ndarray) -> float:
+  """Mean of the middle half (the windows between the quartiles)."""
+  low, high = np.quantile(x, [0.25, 0.75])
+  middle = x[(x >= low) & (x <= high)]
+  return float(middle.mean() if middle.size else np.median(x))
+
+
+# name -> (what it is, f(steady windows (k, 3), global batch) -> a value; higher is better)
+ESTIMATORS: dict[str, tuple[str, Callable[[np.ndarray, int], float]]] = {
+    "mean": ("examples over wall seconds of the steady windows",
+             lambda w, b: float(w[:, 0].sum() * b / w[:, 1].sum())),
+    "median": ("median of the steady windows' examples/s",
+               lambda w, b: float(np.median(_rate(w, b)))),
+    "best": ("fastest steady window (timeit's minimum time)",
+             lambda w, b: float(_rate(w, b).max())),
+    "trimmed": ("mean examples/s of the windows between the quartiles",
+                lambda w, b: _trimmed(_rate(w, b))),
+    "cpu": ("examples per process CPU second (all threads) of the steady windows",
+            lambda w, b: float(w[:, 0].sum() * b / w[:, 2].sum()) if w[:, 2].sum() > 0
+            else float("nan")),
+}
+# Until benchmarks/probe_noise.py has measured the estimators' paired noise on a quiet
+# machine (results/tracking/README.md), the median: robust to one disturbed window.
+JUDGED = "median"
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """What the probe runs: processes per side for each configuration, each training
+  `steps` steps in windows of window_steps, the first warmup_windows left out."""
+  processes: int = 4
+  steps: int = 300
+  window_steps: int = WINDOW_STEPS
+  warmup_windows: int = 3
+  seed: int = 1
+  judged: str = JUDGED
+
+  def check(self) -> None:
+    steady = self.steps // self.window_steps - self.warmup_windows
+    if self.processes < 2 or steady < 2 or self.judged not in ESTIMATORS:
+      raise ValueError(f"probe design {self}: needs >= 2 processes, >= 2 steady windows "
+                       f"(steps // window_steps - warmup_windows) and an estimator of "
+                       f"{sorted(ESTIMATORS)}")
+
+  def bindings(self) -> tuple[str, ...]:
+    return (f"Experiment.log_every_steps = {self.window_steps}",
+            "Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epochs = 1000")
+
+  def options(self, options: ab_lib.Options) -> ab_lib.Options:
+    """The A/B options that run this probe: one seed, `processes` rounds."""
+    return dataclasses.replace(options, bindings=(*options.bindings, *self.bindings()),
+                               seeds=(self.seed,), rounds=self.processes,
+                               metrics=("examples_per_s",))
+
+
+def steady(windows: Sequence[Sequence[float]], warmup: int) -> np.ndarray:
+  """The windows after the warm-up, as (k, 3) [steps, wall s, CPU s]; empty rows out."""
+  w = np.asarray(windows, np.float64).reshape(-1, 3)[warmup:]
+  return w[(w[:, 0] > 0) & (w[:, 1] > 0)]
+
+
+def values(result, design: Design) -> dict[str, float | None]:
+  """{estimator: value} of one process's result (None where it has < 2 steady windows);
+  'run' is the trial's own examples/s (every call after the first)."""
+  out: dict[str, float | None] = {"run": getattr(result, "examples_per_s", None)}
+  w = steady(getattr(result, "windows", None) or [], design.warmup_windows)
+  for name, (_, fn) in ESTIMATORS.items():
+    out[name] = fn(w, result.global_batch_size) if w.shape[0] >= 2 else None
+  return out
+
+
+def probe_pairs(kept: Sequence, design: Design) -> list[verdicts.Pair]:
+  """The A/B's (side, pair, result) triples -> pairs whose metrics are the estimators."""
+  by_pair: dict[tuple, dict] = {}
+  for side, pair, result in kept:
+    key = (pair.config, pair.seed, pair.round)
+    entry = by_pair.setdefault(key, {"pair": pair})
+    status = (pair.base if side.label == "base" else pair.head).status
+    entry[side.label] = verdicts.Side(status, values(result, design) if result else {})
+  return [dataclasses.replace(e["pair"], base=e["base"], head=e["head"])
+          for e in by_pair.values() if "base" in e and "head" in e]
+
+
+@dataclasses.dataclass
+class ProbeOutcome:
+  rows: list[verdicts.Row]        # the judged estimator: pooled, then per configuration
+  noise: dict[str, dict]          # estimator -> {'sd': residual sd of log(head/base), 'n'}
+  pairs: list[verdicts.Pair]
+
+
+def judge(pairs: Sequence[verdicts.Pair], design: Design, min_effect: float = 0.05,
+          family_level: float = paired.LEVEL) -> ProbeOutcome:
+  """Rows for the judged estimator (its own 5% family: pooled, and per configuration)
+  and every estimator's paired noise over these pairs (the order modelled)."""
+  configs = list(dict.fromkeys(p.config for p in pairs))
+  label = f"examples/s (probe, {design.judged})"
+  suite_level = family_level
+  config_level = paired.bonferroni(family_level, len(configs))
+  rows = []
+  if len(configs) > 1:
+    rows.append(verdicts.metric_row(verdicts.ALL_CONFIGS, design.judged, pairs, False,
+                                    min_effect, suite_level, label))
+  level = config_level if len(configs) > 1 else suite_level
+  rows += [verdicts.metric_row(c, design.judged, [p for p in pairs if p.config == c], False,
+                               min_effect, level, label) for c in configs]
+  noise = {}
+  for name in ("run", *ESTIMATORS):
+    row = verdicts.metric_row(verdicts.ALL_CONFIGS, name, pairs, False, min_effect,
+                              suite_level, name)
+    noise[name] = {"sd": row.estimate.sd if row.estimate else None,
+                   "n": row.estimate.n if row.estimate else 0,
+                   "ratio": row.estimate.ratio if row.estimate else None,
+                   "model": row.estimate.model if row.estimate else None}
+  return ProbeOutcome(rows, noise, list(pairs))
+
+
+def runner(steps: int) -> ab_lib.Runner:
+  """ab's subprocess runner with --max_steps=steps on each trial's command line."""
+  def run(side: ab_lib.SideSpec, trial: Trial, trial_dir: str) -> int:
+    command = sweep_lib.trial_command(trial, trial_dir, python=side.env.python)
+    command.append(f"--max_steps={steps}")
+    with open(os.path.join(trial_dir, LOG_FILE), "ab") as log:
+      log.write(("$ " + " ".join(command) + "\n").encode())
+      log.flush()
+      proc = processes.popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=side.env.code,
+                             env=side.env.variables())
+      with processes.forwarding_signals(lambda: [proc], processes.raise_terminated):
+        return processes.exit_status(proc.wait())
+  return run
+
+
+def run(suite, sides, workdir: str, options: ab_lib.Options, design: Design,
+        trial_runner: ab_lib.Runner | None = None, log=print) -> ProbeOutcome:
+  """Runs the probe's processes (ab.run_suite with the probe's options) and judges them."""
+  design.check()
+  _, kept = ab_lib.run_suite(suite, sides, os.path.join(workdir, "probe"),
+                             design.options(options), trial_runner or runner(design.steps),
+                             log)
+  return judge(probe_pairs(kept, design), design,
+               options.min_effects.get("examples_per_s", 0.05))
