@@ -55,7 +55,8 @@ def slow_scripted_evaluation(monkeypatch):
   offset = [0.0]
   real = loop.time
   monkeypatch.setattr(loop, "time", types.SimpleNamespace(
-      monotonic=lambda: real.monotonic() + offset[0], sleep=real.sleep))
+      monotonic=lambda: real.monotonic() + offset[0], sleep=real.sleep,
+      process_time=real.process_time))
   script = iter([0.0, 900.0])
 
   def returns(self, networks):
