@@ -20,12 +20,14 @@ def repo(tmp_path, monkeypatch):
   return fakes.make_repo(tmp_path / "repo")
 
 
-def _ab(repo, base, head, runner=None, workdir="t", suite=fakes.SUITE, **options):
+def _ab(repo, base, head, runner=None, workdir="t", suite=fakes.SUITE, history=False,
+        **options):
   base_rev = revisions.resolve(repo, base, "--base")
   head_rev = revisions.resolve(repo, head, "--head")
   return commands.run_ab(base_rev, head_rev, [suite], ab.Options(**options), repo,
-                         os.path.join(repo, "runs", "ab", workdir),
-                         runner=runner or fakes.FakeRunner(), log=lambda line: None)
+                         os.path.join(repo, "runs", "ab", workdir), history=history,
+                         runner=runner or fakes.FakeRunner(), validator=fakes.validate,
+                         log=lambda line: None)
 
 
 def _row(outcome, metric, config="all configs"):
@@ -84,7 +86,9 @@ def test_trials_run_interleaved_abba_from_each_revisions_checkout(repo):
 def test_outputs_and_history_records_of_both_sides(repo):
   good = fakes.git(repo, "rev-parse", "HEAD")
   head = fakes.commit(repo, "slower", speed=0.8)
-  _ab(repo, good, head)
+  _ab(repo, good, head, workdir="unrecorded")
+  assert store.read() == []              # An A/B's sides enter the history only when asked.
+  _ab(repo, good, head, history=True)
   report = json.load(open(os.path.join(repo, "runs", "ab", "t", "ab.json")))
   assert report["exit_code"] == 1 and [s["sha"] for s in report["sides"]] == [good, head]
   assert "| fake | all configs | examples/s |" in open(
@@ -92,6 +96,7 @@ def test_outputs_and_history_records_of_both_sides(repo):
   records = store.read()
   assert {r.commit for r in records} == {good, head} and len(records) == 12
   assert {r.source for r in records} == {"ab"} and len({r.machine for r in records}) == 1
+  assert {r.tf_version for r in records} == {"2.21.0"}
 
 
 def test_the_worktree_holds_the_exact_commit_and_is_reused(repo):
@@ -124,14 +129,16 @@ def test_bad_revisions_dirty_trees_and_missing_suites_are_clear_errors(repo):
   with open(os.path.join(repo, "speed.txt"), "w") as f:
     f.write("0.5\n")
   with pytest.raises(UserError, match="uncommitted changes to speed.txt"):
-    commands.resolve_sides(repo, "HEAD", None)
-  commands.resolve_sides(repo, "HEAD", "HEAD")          # an explicit head is checked out
+    commands.resolve_sides(repo, "HEAD", None, aa=True)
+  commands.resolve_sides(repo, "HEAD", "HEAD", aa=True)   # an explicit head is checked out
+  with pytest.raises(UserError, match="same commit .* --aa"):
+    commands.resolve_sides(repo, "HEAD", "HEAD")
   fakes.git(repo, "checkout", "-q", "--", "speed.txt")
   os.makedirs(os.path.join(repo, "results", "history"))   # results/ never makes it dirty
   fakes.commit(repo, "history", files={"results/history/x.jsonl": ""})
   with open(os.path.join(repo, "results", "history", "x.jsonl"), "w") as f:
     f.write("{}\n")
-  commands.resolve_sides(repo, "HEAD", None)
+  commands.resolve_sides(repo, "HEAD", None, aa=True)
   first = fakes.git(repo, "rev-list", "--max-parents=0", "HEAD")
   fakes.git(repo, "checkout", "-q", "--orphan", "bare")
   fakes.git(repo, "rm", "-q", "-rf", "configs")
@@ -149,7 +156,8 @@ def test_bisect_finds_the_commit_that_slowed_the_step(repo):
   outcome = bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
                           revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE,
                           "examples_per_s", ab.Options(), os.path.join(repo, "runs", "b"),
-                          runner=fakes.FakeRunner(), log=lines.append)
+                          runner=fakes.FakeRunner(), validator=fakes.validate,
+                          log=lines.append)
   assert outcome.first_moved.sha == shas[4] and len(outcome.steps) == 3
   assert sum(line.startswith("step ") for line in lines) == 3   # pairs are indented
   with pytest.raises(UserError, match="not an ancestor"):
@@ -172,23 +180,27 @@ def test_cli_bad_input_exits_2_with_one_paragraph(args, message):
   assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
-def _bench_sweep(path, sha, speed):
-  """A finished bench sweep directory of the fake suite at commit sha."""
+def _bench_sweep(path, sha, speed, seeds=(1, 2, 3), failed=()):
+  """A finished bench sweep directory of the fake suite at commit sha (the seeds in
+  `failed` failed)."""
+  fakes.write_manifest(str(path))
   for config in ("replicas=1", "replicas=2"):
-    for seed in (1, 2, 3):
+    for seed in seeds:
       fakes.write_result(os.path.join(path, config, f"seed={seed}"), seed, speed,
-                         1 + 0.01 * seed, git_sha=sha)
+                         1 + 0.01 * seed, git_sha=sha,
+                         status="failed" if seed in failed else "reached")
   return str(path)
 
 
 def test_bench_compares_with_the_newest_history_entry_then_records(repo, tmp_path):
   sha = fakes.git(repo, "rev-parse", "HEAD")
   first = _bench_sweep(tmp_path / "bench1" / "fake", sha, 1.0)
-  assert "make bench-ab" in commands.history_compare(first, "fake", {})
-  assert "6 trials of fake" in commands.history_record(first, "fake", repo)
+  assert "make bench-ab" in commands.history_compare(first, fakes.SUITE, {}, repo)
+  text, code = commands.history_record(first, fakes.SUITE, repo)
+  assert "6 trials of fake" in text and code == 0
   slower = _bench_sweep(tmp_path / "bench2" / "fake", sha, 0.5)
-  text = commands.history_compare(slower, "fake", {})
+  text = commands.history_compare(slower, fakes.SUITE, {}, repo)
   assert f"commit {sha[:10]}, 6 trials" in text and "REGRESSION" in text
-  assert "make bench-ab BASE=" in text
+  assert "make bench-ab BASE=" in text and "TensorFlow versions differ" not in text
   dirty = _bench_sweep(tmp_path / "bench3" / "fake", sha + "-dirty", 1.0)
-  assert "not recorded" in commands.history_record(dirty, "fake", repo)
+  assert "not recorded" in commands.history_record(dirty, fakes.SUITE, repo)[0]
