@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from replibench.errors import UserError
-from replibench.tracking import ab, bisect, commands, environments, revisions, store
+from replibench.errors import Failure, UserError
+from replibench.tracking import ab, ab_report, bisect, commands, environments, revisions, store
 from tests import helpers
 from tests import tracking_fakes as fakes
 
@@ -204,3 +204,114 @@ def test_bench_compares_with_the_newest_history_entry_then_records(repo, tmp_pat
   assert "make bench-ab BASE=" in text and "TensorFlow versions differ" not in text
   dirty = _bench_sweep(tmp_path / "bench3" / "fake", sha + "-dirty", 1.0)
   assert "not recorded" in commands.history_record(dirty, fakes.SUITE, repo)[0]
+
+
+def test_failed_trials_exit_1_are_named_and_never_enter_the_history(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "same speed", speed=1.0)
+  # Base fails on seed 2: no verdict calls that a regression of the head, yet the A/B
+  # could not measure what it was asked to: exit 1, the trials named.
+  runner = fakes.FakeRunner(fail=lambda side, trial: side.label == "base" and trial.seed == 2)
+  outcomes, text = _ab(repo, good, "HEAD", runner=runner, history=True)
+  assert ab_report.exit_code(outcomes) == 1 and not outcomes[0].regressions
+  assert len(outcomes[0].failed) == 2 and all(f.startswith("base ") for f in outcomes[0].failed)
+  assert "FAILED trial base" in text and "2 failed trial(s); exit code 1" in text
+  records = store.read()
+  assert len(records) == 10 and all(r.status != "failed" for r in records)
+
+
+def test_an_ab_with_no_judgeable_pair_says_so_and_exits_1(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "every trial fails", speed=1.0)
+  outcomes, text = _ab(repo, good, "HEAD", history=True,
+                       runner=fakes.FakeRunner(fail=lambda side, trial: True))
+  assert ab_report.exit_code(outcomes) == 1 and outcomes[0].judgeable == 0
+  assert "no judgeable pair" in text and "exit code 1" in text
+  assert store.read() == []                  # the history is untouched
+
+
+def _nothing_written(repo, workdir):
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "worktrees"))
+  assert len(fakes.git(repo, "worktree", "list").splitlines()) == 1
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", workdir, commands.PLAN_FILE))
+  assert store.read() == []
+
+
+@pytest.mark.parametrize("case, message", [
+    ("configs", r"--configs=replicas=9: \['replicas=9'\] not in"),
+    ("binding", r"at the base revision .* trial replicas=1/seed=1 does not compile.*"
+                r"with --gin_bindings Fake.broken"),
+    ("broken_base", r"at the base revision .* does not compile"),
+    ("no_suite", r"base revision .* has no configs/fake/fake.sweep"),
+    ("rounds", r"--rounds=0"),
+    ("workdir_file", r"--workdir=.*is a file"),
+    ("history_file", r"REPLIBENCH_HISTORY=.*is a file"),
+])
+def test_bad_input_is_refused_before_anything_is_checked_out_or_written(
+    repo, monkeypatch, tmp_path, case, message):
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  if case == "broken_base":
+    base = fakes.commit(repo, "broken", files={"broken.txt": "x"})
+  if case == "no_suite":
+    fakes.git(repo, "checkout", "-q", "--orphan", "bare")
+    fakes.git(repo, "rm", "-q", "-rf", "configs")
+    base = fakes.commit(repo, "no suite")
+    fakes.git(repo, "checkout", "-q", "main")
+  fakes.commit(repo, "head", speed=0.9)
+  if case == "broken_base":
+    fakes.git(repo, "rm", "-q", "broken.txt")
+    fakes.commit(repo, "fixed")
+  options = {"configs": {"configs": ("replicas=9",)}, "binding": {"bindings": (fakes.BROKEN,)},
+             "rounds": {"rounds": 0}}.get(case, {})
+  workdir = "w"
+  if case == "workdir_file":
+    os.makedirs(os.path.join(repo, "runs", "ab"))
+    open(os.path.join(repo, "runs", "ab", "w"), "w").close()
+  if case == "history_file":
+    monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+  with pytest.raises(UserError, match=message):
+    _ab(repo, base, "HEAD", workdir=workdir, history=True, **options)
+  if case == "history_file":
+    monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "history"))
+  if case != "workdir_file":
+    _nothing_written(repo, workdir)
+  if case in ("configs", "binding", "rounds"):   # The corrected retry runs in that directory.
+    (outcome,), _ = _ab(repo, base, "HEAD", workdir=workdir, history=True)
+    assert len(outcome.pairs) == 6 and len(store.read()) == 12
+
+
+def test_a_corrupt_plan_is_a_clear_refusal_and_a_plan_without_trials_does_not_block(repo):
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "head", speed=0.9)
+  workdir = os.path.join(repo, "runs", "ab", "w")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, commands.PLAN_FILE), "wb") as f:
+    f.write(b"{\x00\xff garbage")
+  with pytest.raises(UserError, match=r"ab-plan.json is not readable JSON"):
+    _ab(repo, base, "HEAD", workdir="w")
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "worktrees"))
+  # A plan of another A/B whose trials never ran does not block this one.
+  with open(os.path.join(workdir, commands.PLAN_FILE), "w") as f:
+    json.dump({"base": "0" * 40, "head": "1" * 40, "suites": ["fake"], "options": {}}, f)
+  (outcome,), _ = _ab(repo, base, "HEAD", workdir="w")
+  assert len(outcome.pairs) == 6
+
+
+def test_a_bisect_step_with_failed_trials_stops_with_exit_1_naming_them(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  for i in range(1, 4):
+    fakes.commit(repo, f"commit {i}", speed=1.0)
+  runner = fakes.FakeRunner(fail=lambda side, trial: side.label == "head" and trial.seed == 1)
+  with pytest.raises(Failure, match=r"bisect step 1 .* could not judge: head .*seed=1"):
+    bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
+                  revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE, "examples_per_s",
+                  ab.Options(), os.path.join(repo, "runs", "b"), runner=runner,
+                  validator=fakes.validate, log=lambda line: None)
+  fakes.commit(repo, "broken at bad", files={"broken.txt": "x"})
+  with pytest.raises(UserError, match=r"bad revision .* does not compile"):
+    bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
+                  revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE, "examples_per_s",
+                  ab.Options(), os.path.join(repo, "runs", "b2"), runner=fakes.FakeRunner(),
+                  validator=fakes.validate, log=lambda line: None)
+  assert not os.path.exists(os.path.join(repo, "runs", "b2"))
