@@ -189,3 +189,47 @@ def test_the_rate_range_is_what_tc_can_apply():
   byte a second, and a burst (token_bucket_bytes) that fits in 32 bits."""
   assert rates.bits_per_second(rates.LOWEST) >= 8
   assert rates.token_bucket_bytes(rates.HIGHEST) < 2**32
+
+
+# The tracker's commands: each bad input exits 2 with one paragraph naming it, before
+# anything is checked out or written (tests/test_tracking_ab.py checks the "nothing
+# written" of the revision checks on a fake suite).
+@pytest.mark.parametrize("args, said", [
+    (["ab", "--suite=", "--base=HEAD~1", "--head=HEAD"], "--suite=: empty"),
+    (["ab", "--base=", "--head=HEAD", "--suite=resnet"], "--base=: empty"),
+    (["ab", "--configs=replicas=1,,workers=2", "--base=HEAD~1", "--head=HEAD"],
+     "--configs=replicas=1,,workers=2: empty"),
+    (["ab", "--base=HEAD", "--head=HEAD", "--suite=d4pg"], "same commit"),
+    (["ab", "--base=HEAD~1", "--head=HEAD", "--suite=d4pg", "--factors=x=1"],
+     "--factors not used by this command"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=d4pg", "--metric=examples_per_s",
+      "--rounds=-1"], "--rounds=-1"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=d4pg", "--metric=examples_per_s",
+      "--rounds=0"], "--rounds=0"),
+    (["history", "--suite=resnet"], "--suite not used"),
+    (["history", "record", "runs/nowhere", "--suite=resnet", "--factors=bogus"],
+     "--factors not used"),
+    (["history", "compare", "runs/no-such-sweep", "--suite=resnet"], "no such directory"),
+])
+def test_a_tracker_command_refuses_bad_input_with_one_paragraph(capsys, args, said):
+  assert said in run_cli(capsys, *args)
+
+
+def test_the_tracker_names_the_file_at_fault(capsys, tmp_path, monkeypatch):
+  a_file = tmp_path / "a-file"
+  a_file.write_text("x")
+  assert f"--out={a_file}: is a file" in run_cli(capsys, "history", f"--out={a_file}")
+  monkeypatch.setenv("REPLIBENCH_HISTORY", str(a_file))
+  assert f"REPLIBENCH_HISTORY={a_file}: is a file" in run_cli(capsys, "history",
+                                                               f"--out={tmp_path / 'o'}")
+  assert not (tmp_path / "o").exists()
+  # `report FILE` blames FILE, not the --out derived from it.
+  line = run_cli(capsys, "report", str(a_file))
+  assert f"report {a_file}: is a file, not a sweep directory" in line and "--out" not in line
+  # An unknown configuration is refused after reading both revisions' sweep files (no
+  # worktree, no A/B directory).
+  workdir = tmp_path / "ab"
+  line = run_cli(capsys, "ab", "--base=HEAD~1", "--head=HEAD", "--suite=d4pg",
+                 "--configs=nope", f"--workdir={workdir}")
+  assert "--configs=nope: ['nope'] not in configs/d4pg/learner_scaling.sweep" in line
+  assert not workdir.exists()

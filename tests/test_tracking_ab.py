@@ -10,6 +10,7 @@ import pytest
 
 from replibench.errors import Failure, UserError
 from replibench.tracking import ab, ab_report, bisect, commands, environments, revisions, store
+from replibench.tracking import suites, validate
 from tests import helpers
 from tests import tracking_fakes as fakes
 
@@ -315,3 +316,13 @@ def test_a_bisect_step_with_failed_trials_stops_with_exit_1_naming_them(repo):
                   ab.Options(), os.path.join(repo, "runs", "b2"), runner=fakes.FakeRunner(),
                   validator=fakes.validate, log=lambda line: None)
   assert not os.path.exists(os.path.join(repo, "runs", "b2"))
+
+
+def test_the_compile_check_loads_a_revisions_configs_with_its_code():
+  """The default validator: a subprocess of the revision's interpreter loads each
+  configuration as `replibench run` would; a binding that cannot compile is named."""
+  rev = revisions.resolve(helpers.REPO, "HEAD", "--head")
+  _, trials = validate.trials_at(helpers.REPO, suites.SUITES["d4pg"],
+                                 ab.Options(bindings=("Nope.x = 1",)), "head", rev)
+  with pytest.raises(UserError, match=r"trial .* does not compile: .*Nope"):
+    validate.subprocess_validator(sys.executable, helpers.REPO, list(trials.values())[:1])

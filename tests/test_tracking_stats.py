@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from replibench.errors import UserError
 from replibench.tracking import dashboard, history, paired, store, verdicts
 
 # Paired noise measured on this project's 2-core machines: the standard deviation of
