@@ -176,6 +176,17 @@ def test_a_mesh_that_cannot_split_the_model_exits_2(capsys, binding, said):
   assert said in line, line
 
 
+@pytest.mark.parametrize("parallelism", ["pipeline", "tensor"])
+def test_model_parallelism_on_a_workload_that_cannot_split_gives_its_own_advice(capsys,
+                                                                                parallelism):
+  line = run_cli(capsys, "plan", "--gin_file=configs/d4pg/cartpole_swingup.gin",
+                 "--gin_bindings=Experiment.topology = @topology.Mesh()",
+                 f"--gin_bindings=topology.Mesh.parallelism = '{parallelism}'",
+                 "--gin_bindings=topology.Mesh.model = 2")
+  assert "with the d4pg" in line.lower() and "D4PG's policy and critic" in line, line
+  assert "ImageClassification" not in line and "small_resnet" not in line, line
+
+
 def test_a_configurable_in_a_message_is_shown_as_its_gin_reference(capsys):
   line = run_cli(capsys, "plan", f"--gin_file={CONFIG}",
                  "--gin_bindings=Experiment.regime = @regimes.Gossip()",
