@@ -101,6 +101,9 @@ def cmd_run(args) -> int:
   summary = {k: getattr(result, k) for k in (
       "status", "target_metric", "target", "time_to_target_s", "steps_to_target",
       "final_metric", "final_step", "examples_per_s", "init_s")}
+  why = result.throughput.no_throughput_because if result.throughput else None
+  if why:   # A synthetic run too short to time: say why its throughput is null.
+    summary["no_throughput_because"] = why
   print(json.dumps(summary))
   return errors.EXIT_DIVERGED if result.status == "diverged" else errors.EXIT_OK
 
