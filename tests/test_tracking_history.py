@@ -39,6 +39,10 @@ def _record(commit="a" * 40, seed=1, value=100.0, **fields):
      "'examples_per_s' not a number"),
     (json.dumps({**vars(_record()), "machine_info": "a string"}).encode(),
      "field 'machine_info' is str"),
+    (json.dumps({**vars(_record()), "commit": "--output=/tmp/x"}).encode(),
+     "not a full commit id"),
+    (json.dumps({**vars(_record()), "suite": "d4pg"}).encode(),
+     "suite 'd4pg' in another machine's or suite's file"),
 ])
 def test_a_bad_line_is_skipped_with_a_warning_naming_its_file_and_line(tmp_path, line, said):
   root = tmp_path / "history"

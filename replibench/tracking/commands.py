@@ -223,8 +223,8 @@ def history_compare(sweep_dir: str, suite: suites.Suite, factors: dict[str, floa
   on the configurations and seeds both ran."""
   fingerprint = machine.fingerprint()
   new_records = _sweep_records(sweep_dir, suite)
-  if not new_records:
-    raise UserError(f"{sweep_dir}: no trial ran to a result, so there is nothing to compare.")
+  if not new_records:   # The sweep itself fails (exit 1); here there is nothing to say.
+    return f"history: {sweep_dir}: no trial ran to a result, so there is nothing to compare."
   past = store.read(machine=fingerprint, suite=suite.name)
   branch, line = _main_line(repo)
   commit = store.newest_commit(past, main_line=line)

@@ -62,7 +62,8 @@ def from_ab(kept: list, suite: str, run_id: str) -> list[store.Record]:
 def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> None:
   """UserError unless sweep_dir is a sweep directory that ran suite's sweep file."""
   if not os.path.isdir(sweep_dir):
-    raise UserError(f"{sweep_dir}: no such directory (give the sweep directory of a finished "
+    what = "is not a directory" if os.path.exists(sweep_dir) else "no such directory"
+    raise UserError(f"{sweep_dir}: {what} (give the sweep directory of a finished "
                     f"`make bench` suite, e.g. runs/bench-<id>/{suite.name}).")
   manifest = os.path.join(sweep_dir, SWEEP_MANIFEST)
   try:

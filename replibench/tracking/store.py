@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import sys
 from typing import Callable, Iterable, Iterator
 
@@ -71,6 +72,7 @@ FIELD_TYPES = {
     "recorded": str, "workload": str, "target_metric": str, "target": (*_NUMBER, type(None)),
     "higher_is_better": bool, "calibration": (dict, type(None)),
     "machine_info": (dict, type(None)), "tf_version": str, "schema": int}
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record)
                  if f.default is dataclasses.MISSING)
 
@@ -133,6 +135,8 @@ def _type_error(raw: dict) -> str | None:
     if key in raw and (not isinstance(value, types) or isinstance(value, bool)
                        and bool not in types):
       return f"field {key!r} is {type(value).__name__} {value!r:.40}"
+  if not _SHA.fullmatch(raw["commit"]):   # It reaches git's command line: never an option.
+    return f"field 'commit' is not a full commit id: {raw['commit']!r:.50}"
   bad = [k for k, v in raw["metrics"].items()
          if v is not None and (isinstance(v, bool) or not isinstance(v, _NUMBER))]
   if bad:
@@ -187,7 +191,11 @@ def _iter(store: str, machine: str | None, suite: str | None, warn) -> Iterator[
           if not line.strip():
             continue
           try:
-            yield parse(line, f"{path}:{i}")
+            record = parse(line, f"{path}:{i}")
+            if (record.machine, record.suite) != (m, name[:-len(".jsonl")]):
+              raise UserError(f"{path}:{i}: a record of machine {record.machine!r} and suite "
+                              f"{record.suite!r} in another machine's or suite's file")
+            yield record
           except UserError as e:
             warn(f"{e}; line skipped (repair or remove it).")
 
