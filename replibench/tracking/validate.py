@@ -21,6 +21,7 @@ configs are compiled as soon as its environment exists, still before any trial
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -152,39 +153,55 @@ def interpreter(repo: str, rev: revisions.Revision, code: str) -> tuple[str | No
                 f"does not meet its pyproject.toml)")
 
 
+def _tagged(suite: Suite, trials: dict[str, Trial]) -> list[Trial]:
+  """One trial per configuration, its name led by the suite's ('resnet:replicas=1/seed=1'),
+  so that one compile check per revision covers every suite and still names the trial."""
+  return [dataclasses.replace(t, config=f"{suite.name}:{t.config}")
+          for t in distinct_configs(list(trials.values()))]
+
+
 def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: Sequence[Suite],
                     options, validator: Validator = subprocess_validator,
                     log=print) -> dict[str, list[str]]:
-  """Every check above for every revision ({label: revision}) and suite; returns
-  {label: [suite names whose configs wait for the revision's environment]}."""
-  trials: dict[tuple[str, str], dict[str, Trial]] = {}
-  deferred: dict[str, list[str]] = {}
+  """Every check above for every revision ({label: revision}) and suite, cheapest first;
+  returns {label: [suite names whose configs wait for the revision's environment]}."""
   for label, rev in revs.items():
-    for suite in suite_list:   # Cheap checks first: no export when a sweep file is missing.
+    for suite in suite_list:   # No export at all when a sweep file is missing.
       if not revisions.has_path(repo, rev.sha, suite.sweep):
         raise missing_suite(suite, label, rev)
-  for label, rev in revs.items():
-    with exported(repo, rev) as code:
-      python, why = interpreter(repo, rev, code)
-      for suite in suite_list:
-        _, trials[(label, suite.name)] = trials_at(code, suite, options, label, rev)
-      for suite in suite_list:
-        if python is None:
-          log(f"{label} {rev.short}: {why}")
-          deferred.setdefault(label, []).append(suite.name)
-          continue
-        try:
-          validator(python, code, distinct_configs(list(trials[(label, suite.name)].values())))
-        except UserError as e:
-          raise UserError(f"--suite={suite.name} at the {label} revision {rev.describe()}: "
-                          f"{str(e).replace(code + os.sep, '')}"
-                          + (f" (with --gin_bindings {'; '.join(options.bindings)})"
-                             if options.bindings else "")) from None
-  labels = list(revs)
+  with contextlib.ExitStack() as stack:
+    codes = {label: stack.enter_context(exported(repo, rev)) for label, rev in revs.items()}
+    trials = {(label, suite.name): trials_at(codes[label], suite, options, label, rev)[1]
+              for label, rev in revs.items() for suite in suite_list}
+    _check_shared(list(revs), suite_list, trials)
+    deferred: dict[str, list[str]] = {}
+    for label, rev in revs.items():
+      python, why = interpreter(repo, rev, codes[label])
+      if python is None:
+        log(f"{label} {rev.short}: {why}")
+        deferred[label] = [suite.name for suite in suite_list]
+        continue
+      try:
+        validator(python, codes[label], [t for suite in suite_list
+                                         for t in _tagged(suite, trials[(label, suite.name)])])
+      except UserError as e:
+        text = str(e).replace(codes[label] + os.sep, "")
+        suite = next((s.name for s in suite_list if f"trial {s.name}:" in text),
+                     ",".join(s.name for s in suite_list))
+        raise UserError(f"--suite={suite} at the {label} revision {rev.describe()}: "
+                        f"{text.replace(f'trial {suite}:', 'trial ')}"
+                        + (f" (with --gin_bindings {'; '.join(options.bindings)})"
+                           if options.bindings else "")) from None
+  return deferred
+
+
+def _check_shared(labels: list[str], suite_list: Sequence[Suite], trials: dict) -> None:
+  """The two revisions' trials of each suite have at least one in common (a pair)."""
+  if len(labels) != 2:
+    return
   for suite in suite_list:
     sides = [trials[(label, suite.name)] for label in labels]
-    if len(sides) == 2 and not set(sides[0]) & set(sides[1]):
+    if not set(sides[0]) & set(sides[1]):
       raise UserError(f"--suite={suite.name}: the two revisions' {suite.sweep} share no trial "
                       f"({labels[0]} has {sorted(sides[0])[:3]}..., {labels[1]} "
                       f"{sorted(sides[1])[:3]}...): there is nothing to pair.")
-  return deferred
