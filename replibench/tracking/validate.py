@@ -191,7 +191,8 @@ def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: 
         raise UserError(f"--suite={suite} at the {label} revision {rev.describe()}: "
                         f"{text.replace(f'trial {suite}:', 'trial ')}"
                         + (f" (with --gin_bindings {'; '.join(options.bindings)})"
-                           if options.bindings else "")) from None
+                           if options.bindings and "--gin_bindings" not in text else "")
+                        ) from None
   return deferred
 
 
