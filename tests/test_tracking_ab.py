@@ -326,3 +326,16 @@ def test_the_compile_check_loads_a_revisions_configs_with_its_code():
                                  ab.Options(bindings=("Nope.x = 1",)), "head", rev)
   with pytest.raises(UserError, match=r"trial .* does not compile: .*Nope"):
     validate.subprocess_validator(sys.executable, helpers.REPO, list(trials.values())[:1])
+
+
+def test_configs_are_compiled_once_a_sides_own_environment_exists(repo, monkeypatch):
+  """A revision this interpreter cannot load (its own environment not built yet): its
+  configs compile right after the environment is made, before any trial or plan."""
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "broken head", files={"broken.txt": "x"})
+  monkeypatch.setattr(validate, "interpreter", lambda repo_, rev, code: (None, "not built"))
+  runner = fakes.FakeRunner()
+  with pytest.raises(UserError, match=r"--suite=fake at the head revision .* does not compile"):
+    _ab(repo, base, "HEAD", runner=runner, workdir="w")
+  assert runner.calls == []
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "w", commands.PLAN_FILE))

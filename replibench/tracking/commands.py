@@ -131,10 +131,13 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
     store.root()   # REPLIBENCH_HISTORY naming a file: refused now, not after the trials.
   deferred = validate.check_revisions(repo, {"base": base, "head": head}, suite_list,
                                       options, validator, log)
+  # Worktrees and environments (where a side's configs could not be compiled before its
+  # environment existed, they are compiled here), then the plan: a refusal here still
+  # leaves no plan to block the corrected retry.
+  sides = ab_lib.prepare_sides(repo, base, head, suite_list, options, deferred, validator, log)
   claim_workdir(workdir, plan)
   if base.sha == head.sha:
     log(f"A/A: base and head are the same commit {base.short}; any verdict is noise.")
-  sides = ab_lib.prepare_sides(repo, base, head, suite_list, options, deferred, validator, log)
   info = machine.describe()
   fingerprint = machine.fingerprint(info)
   outcomes = []
