@@ -339,3 +339,26 @@ def test_configs_are_compiled_once_a_sides_own_environment_exists(repo, monkeypa
     _ab(repo, base, "HEAD", runner=runner, workdir="w")
   assert runner.calls == []
   assert not os.path.exists(os.path.join(repo, "runs", "ab", "w", commands.PLAN_FILE))
+
+
+def test_a_bisect_range_must_hold_the_suite_and_a_midpoint_that_cannot_run_fails(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "suite renamed", files={})
+  fakes.git(repo, "mv", "configs/fake/fake.sweep", "configs/fake/gone.sweep")
+  fakes.commit(repo, "gone")
+  fakes.git(repo, "mv", "configs/fake/gone.sweep", "configs/fake/fake.sweep")
+  fakes.commit(repo, "back")
+  run = lambda workdir, runner=None: bisect.bisect(  # noqa: E731
+      repo, revisions.resolve(repo, good, "--good"), revisions.resolve(repo, "HEAD", "--bad"),
+      fakes.SUITE, "examples_per_s", ab.Options(), os.path.join(repo, "runs", workdir),
+      runner=runner or fakes.FakeRunner(), validator=fakes.validate, log=lambda line: None)
+  with pytest.raises(UserError, match=r"1 commit\(s\) between --good and --bad have no"):
+    run("b1")
+  assert not os.path.exists(os.path.join(repo, "runs"))
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "1")
+  fakes.commit(repo, "2: the midpoint, broken", files={"broken.txt": "x"})
+  fakes.git(repo, "rm", "-q", "broken.txt")
+  fakes.commit(repo, "3", speed=0.5)
+  with pytest.raises(Failure, match=r"bisect step 1: the midpoint cannot run the suite"):
+    run("b2")

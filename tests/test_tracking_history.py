@@ -165,3 +165,33 @@ def test_the_history_page_refuses_a_file_for_out(repo, tmp_path):
   (tmp_path / "f").write_text("")
   with pytest.raises(UserError, match=r"--out=.*is a file"):
     commands.history_render(str(tmp_path / "f"), None)
+
+
+def test_recording_again_adds_nothing_and_an_aa_keeps_both_sides(repo, tmp_path):
+  sha = fakes.git(repo, "rev-parse", "HEAD")
+  sweep = _bench(tmp_path / "bench-1" / "fake", sha)
+  assert commands.history_record(sweep, fakes.SUITE, repo)[0].count("6 trials") == 1
+  text, code = commands.history_record(sweep, fakes.SUITE, repo)   # a resumed make bench
+  assert code == 0 and "0 trials" in text and "6 recorded before" in text
+  assert len(store.read()) == 6
+  rev = revisions.resolve(repo, sha, "--base")
+  for _ in range(2):   # An A/A recorded, then run again on its directory.
+    commands.run_ab(rev, rev, [fakes.SUITE], ab.Options(), repo,
+                    os.path.join(repo, "runs", "ab", "aa"), history=True,
+                    runner=fakes.FakeRunner(), validator=fakes.validate, log=lambda line: None)
+  assert sorted(r.side for r in store.read() if r.source == "ab") == ["base"] * 6 + ["head"] * 6
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_any_trial(repo, tmp_path,
+                                                                    monkeypatch):
+  (tmp_path / "a-file").write_text("")
+  monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "a-file" / "history"))
+  rev = revisions.resolve(repo, "HEAD", "--base")
+  runner = fakes.FakeRunner()
+  with pytest.raises(UserError, match=r"REPLIBENCH_HISTORY.*a-file is a file"):
+    commands.run_ab(rev, rev, [fakes.SUITE], ab.Options(), repo,
+                    os.path.join(repo, "runs", "ab", "w"), history=True, runner=runner,
+                    validator=fakes.validate, log=lambda line: None)
+  assert runner.calls == [] and not os.path.exists(os.path.join(repo, "runs", "ab"))
+  with pytest.raises(UserError, match=r"REPLIBENCH_HISTORY"):
+    commands.history_record(_bench(tmp_path / "b" / "fake", rev.sha), fakes.SUITE, repo)

@@ -20,7 +20,7 @@ import math
 import os
 import time
 
-from replibench.errors import Failure
+from replibench.errors import Failure, UserError
 from replibench.tracking import ab as ab_lib
 from replibench.tracking import paired, revisions, validate
 from replibench.tracking.suites import Suite
@@ -72,6 +72,11 @@ def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: 
   """Finds the first commit after good (up to bad) whose A/B against good moves metric."""
   commits = revisions.commits_between(repo, good, bad)
   options = dataclasses.replace(options, metrics=(metric,))
+  lacking = [c for c in commits if not revisions.has_path(repo, c.sha, suite.sweep)]
+  if lacking:   # A midpoint without the suite would stop the bisect half-way: refused now.
+    raise UserError(f"--suite={suite.name}: {len(lacking)} commit(s) between --good and --bad "
+                    f"have no {suite.sweep} ({', '.join(c.short for c in lacking[:5])}): "
+                    f"bisect a range in which every commit has the suite.")
   deferred = validate.check_revisions(repo, {"good": good, "bad": bad}, [suite], options,
                                       validator, log)
   good_side = ab_lib.prepare_side(repo, "base", good, [suite], options,
@@ -85,9 +90,15 @@ def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: 
     mid = (lo + hi) // 2
     commit = commits[mid]
     step_start = time.monotonic()
-    later = validate.check_revisions(repo, {"head": commit}, [suite], options, validator, log)
-    head_side = ab_lib.prepare_side(repo, "head", commit, [suite], options,
-                                    later.get("head", ()), validator, log)
+    try:   # Good and bad compile; a midpoint that does not is the history's, not input's.
+      later = validate.check_revisions(repo, {"head": commit}, [suite], options, validator,
+                                       log)
+      head_side = ab_lib.prepare_side(repo, "head", commit, [suite], options,
+                                      later.get("head", ()), validator, log)
+    except UserError as e:
+      raise Failure(f"bisect step {len(steps) + 1}: the midpoint cannot run the suite, so "
+                    f"the search cannot go on: {e}. Bisect a narrower range on either side "
+                    f"of {commit.short}.") from None
     ab, _ = ab_lib.run_suite(suite, (good_side, head_side),
                              os.path.join(workdir, f"step{len(steps) + 1}-{commit.sha[:7]}"),
                              options, runner, log=lambda line: log(f"  {line}"))

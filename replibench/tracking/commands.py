@@ -127,8 +127,8 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
   plan = {"base": base.sha, "head": head.sha, "suites": [s.name for s in suite_list],
           "options": dataclasses.asdict(options)}
   check_plan(workdir, plan)
-  if history:
-    store.root()   # REPLIBENCH_HISTORY naming a file: refused now, not after the trials.
+  if history:   # A store that cannot be written: refused now, not after the trials.
+    store.check_writable()
   deferred = validate.check_revisions(repo, {"base": base, "head": head}, suite_list,
                                       options, validator, log)
   # Worktrees and environments (where a side's configs could not be compiled before its
@@ -145,10 +145,12 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
     ab, kept = ab_lib.run_suite(suite, sides, workdir, options, runner, log)
     outcomes.append(ab)
     if history:
-      n = store.append(record.from_ab(kept, suite.name, os.path.basename(workdir)))
-      left = f" ({len(ab.failed)} failed trial(s) left out)" if ab.failed else ""
+      records = record.from_ab(kept, suite.name, os.path.basename(workdir))
+      n = store.append(records)
+      left = f"; {len(ab.failed)} failed trial(s) left out" if ab.failed else ""
+      again = f"; {len(records) - n} recorded before" if len(records) > n else ""
       log(f"{suite.name}: {n} trials appended to the history ({store.root()}/{fingerprint}/)"
-          f"{left}")
+          f"{left}{again}")
   paths = ab_report.write(workdir, outcomes, sides, fingerprint, info)
   text = ab_report.format_text(outcomes, sides, fingerprint)
   return outcomes, text + "\n" + "\n".join(f"wrote {k}: {p}" for k, p in paths.items())
@@ -195,15 +197,17 @@ def _main_line(repo: str | None) -> tuple[str, list[str] | None]:
 def history_record(sweep_dir: str, suite: suites.Suite, repo: str) -> tuple[str, int]:
   """Appends a finished sweep's trials that ran to a result to the history; returns
   what it did and the exit code (1 when trials failed: they are named, not recorded)."""
-  store.root()   # A file where the store should be: refused before reading the sweep.
+  store.check_writable()   # Before reading the sweep: a store that cannot take it.
   records, why_not, failed = record.from_sweep(sweep_dir, suite, repo)
   lines = [f"history: failed trial {t} of {sweep_dir}: not recorded" for t in failed]
   if not records:
     lines.append(f"history: {sweep_dir} {why_not}")
   else:
     n = store.append(records)
+    again = (f" ({len(records) - n} recorded before: a sweep is recorded once)"
+             if len(records) > n else "")
     lines.append(f"history: {n} trials of {suite.name} at {records[0].commit[:10]} appended "
-                 f"to {store.root()}/{records[0].machine}/{suite.name}.jsonl")
+                 f"to {store.root()}/{records[0].machine}/{suite.name}.jsonl{again}")
   return "\n".join(lines), 1 if failed else 0
 
 

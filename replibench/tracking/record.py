@@ -6,6 +6,7 @@ A sweep is recorded only under the suite whose sweep file it ran (its sweep.json
 names the file), and only when every trial ran from one committed revision.
 """
 
+import dataclasses
 import os
 
 from replibench import atomic, results
@@ -53,9 +54,10 @@ def from_ab(kept: list, suite: str, run_id: str) -> list[store.Record]:
   result) triples."""
   info = machine.describe()
   fingerprint = machine.fingerprint(info)
-  return [from_result(result, commit=side.rev.sha, commit_time=side.rev.time, suite=suite,
-                      config=pair.config, seed=pair.seed, round_=pair.round, source="ab",
-                      run_id=run_id, fingerprint=fingerprint, info=info)
+  return [dataclasses.replace(
+              from_result(result, commit=side.rev.sha, commit_time=side.rev.time, suite=suite,
+                          config=pair.config, seed=pair.seed, round_=pair.round, source="ab",
+                          run_id=run_id, fingerprint=fingerprint, info=info), side=side.label)
           for side, pair, result in kept if not failed(result)]
 
 

@@ -27,6 +27,7 @@ import re
 import sys
 from typing import Callable, Iterable, Iterator
 
+from replibench import inputs
 from replibench.errors import UserError
 
 SCHEMA = 1
@@ -57,6 +58,7 @@ class Record:
   calibration: dict | None = None
   machine_info: dict | None = None
   tf_version: str = ""        # TensorFlow's version in the trial ('' in early records)
+  side: str = ""              # an A/B's 'base' or 'head' ('' for bench and early records)
   schema: int = SCHEMA
 
   @property
@@ -71,7 +73,7 @@ FIELD_TYPES = {
     "seed": int, "status": str, "metrics": dict, "source": str, "run_id": str, "round": int,
     "recorded": str, "workload": str, "target_metric": str, "target": (*_NUMBER, type(None)),
     "higher_is_better": bool, "calibration": (dict, type(None)),
-    "machine_info": (dict, type(None)), "tf_version": str, "schema": int}
+    "machine_info": (dict, type(None)), "tf_version": str, "side": str, "schema": int}
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record)
                  if f.default is dataclasses.MISSING)
@@ -98,8 +100,24 @@ def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def check_writable(store: str | None = None) -> str:
+  """The store's directory, checked to be one this process can make or write in (a
+  UserError naming $REPLIBENCH_HISTORY or the path otherwise): before trials run."""
+  path = root(store)
+  given = store or os.environ.get(ENV_ROOT)
+  inputs.output_directory(ENV_ROOT if given and not store else "history store", path)
+  return path
+
+
+def key(r: Record) -> tuple:
+  """What makes a record the same trial: recording a sweep or an A/B again (a resumed
+  `make bench BENCH_ID=...`, an A/B run again on its --workdir) must not count it twice."""
+  return (r.commit, r.config, r.seed, r.round, r.source, r.run_id, r.side)
+
+
 def append(records: Iterable[Record], store: str | None = None) -> int:
-  """Appends records to their machine's and suite's files; returns how many."""
+  """Appends records to their machine's and suite's files, leaving out those already
+  there (`key`); returns how many it appended."""
   by_file: dict[str, list[Record]] = {}
   for r in records:
     by_file.setdefault(_file(root(store), r.machine, r.suite), []).append(r)
@@ -107,16 +125,22 @@ def append(records: Iterable[Record], store: str | None = None) -> int:
     if os.path.exists(path) and not os.path.isfile(path):
       raise UserError(f"{path}: is not a regular file, so the history cannot append to it; "
                       f"move it away.")
+  appended = 0
   for path, rs in by_file.items():
+    known = {key(r) for _, r in _read_file(path, lambda message: None)}
+    new = list({key(r): r for r in rs if key(r) not in known}.values())
+    appended += len(new)
+    if not new:
+      continue
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    text = "".join(json.dumps(dataclasses.asdict(r), sort_keys=True) + "\n" for r in rs)
+    text = "".join(json.dumps(dataclasses.asdict(r), sort_keys=True) + "\n" for r in new)
     # One write of whole lines with O_APPEND: concurrent appenders never interleave a line.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
       os.write(fd, text.encode())
     finally:
       os.close(fd)
-  return sum(map(len, by_file.values()))
+  return appended
 
 
 def warn(message: str) -> None:
@@ -186,18 +210,27 @@ def _iter(store: str, machine: str | None, suite: str | None, warn) -> Iterator[
       if not os.path.isfile(path):
         warn(f"{path}: not a regular file (a directory?); skipped.")
         continue
-      with open(path, "rb") as f:   # Bytes: a line of garbage must not stop the file.
-        for i, line in enumerate(f, 1):
-          if not line.strip():
-            continue
-          try:
-            record = parse(line, f"{path}:{i}")
-            if (record.machine, record.suite) != (m, name[:-len(".jsonl")]):
-              raise UserError(f"{path}:{i}: a record of machine {record.machine!r} and suite "
-                              f"{record.suite!r} in another machine's or suite's file")
-            yield record
-          except UserError as e:
-            warn(f"{e}; line skipped (repair or remove it).")
+      for i, record in _read_file(path, warn):
+        if (record.machine, record.suite) == (m, name[:-len(".jsonl")]):
+          yield record
+        else:
+          warn(f"{path}:{i}: a record of machine {record.machine!r} and suite "
+               f"{record.suite!r} in another machine's or suite's file; line skipped.")
+
+
+def _read_file(path: str, warn) -> Iterator[tuple[int, Record]]:
+  """(line number, record) for the valid records of one .jsonl file (none if it does
+  not exist)."""
+  if not os.path.isfile(path):
+    return
+  with open(path, "rb") as f:   # Bytes: a line of garbage must not stop the file.
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        yield i, parse(line, f"{path}:{i}")
+      except UserError as e:
+        warn(f"{e}; line skipped (repair or remove it).")
 
 
 def machines(store: str | None = None) -> list[str]:
