@@ -182,7 +182,8 @@ def cmd_report(args) -> int:
                     + ("is a file, not a sweep directory" if os.path.exists(args[0])
                        else "no such directory")
                     + " (give the --workdir of a `replibench sweep`).")
-  out = inputs.output_directory("--out", FLAGS.out or os.path.join(args[0], "report"))
+  out = inputs.output_directory("--out" if FLAGS.out else "the default output directory "
+                                "(--out)", FLAGS.out or os.path.join(args[0], "report"))
   report = build_report(args[0])
   print(format_table(report))
   for kind, path in write_report(report, out).items():
@@ -304,7 +305,7 @@ def cmd_bisect(args) -> int:
   bad = revisions.resolve(repo, FLAGS.bad, "--bad")
   workdir = FLAGS.workdir or os.path.join(repo, commands.AB_ROOT,
                                           f"bisect-{good.sha[:7]}-{bad.sha[:7]}")
-  commands.check_workdir(workdir)
+  commands.check_workdir(workdir, given=FLAGS.workdir is not None)
   outcome = bisect.bisect(repo, good, bad, suite_list[0], metric, options, workdir)
   print(f"first commit that moved {metric}: {outcome.first_moved.describe()} "
         f"({len(outcome.steps)} A/B step(s), {outcome.seconds / 60:.1f} min; runs in {workdir})")
@@ -322,7 +323,8 @@ def cmd_history(args) -> int:
       repo = revisions.repo_root()
     except UserError:   # Outside a checkout: the page lists commits without their subjects.
       repo = None
-    path = commands.history_render(FLAGS.out or os.path.join("runs", "history"), repo)
+    path = commands.history_render(FLAGS.out or os.path.join("runs", "history"), repo,
+                                   given=bool(FLAGS.out))
     print(f"wrote the history dashboard: {path}")
     return errors.EXIT_OK
   if action not in ("record", "compare") or len(args) != 2 or not FLAGS.suite:

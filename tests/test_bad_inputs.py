@@ -244,3 +244,12 @@ def test_the_tracker_names_the_file_at_fault(capsys, tmp_path, monkeypatch):
                  "--configs=nope", f"--workdir={workdir}")
   assert "--configs=nope: ['nope'] not in configs/d4pg/learner_scaling.sweep" in line
   assert not workdir.exists()
+
+
+def test_a_default_output_directory_in_the_way_is_not_blamed_on_a_flag_never_given(
+    capsys, tmp_path):
+  sweep = tmp_path / "sweep"
+  os.makedirs(sweep)
+  (sweep / "report").write_text("a file where the default report directory goes")
+  line = run_cli(capsys, "report", str(sweep))
+  assert "the default output directory (--out)" in line and f"--out={sweep}" not in line

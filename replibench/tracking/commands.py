@@ -63,8 +63,8 @@ def _default_workdir(repo: str, base: revisions.Revision, head: revisions.Revisi
 PLAN_FILE = "ab-plan.json"
 
 
-def check_workdir(path: str) -> None:
-  inputs.output_directory("--workdir", path)
+def check_workdir(path: str, given: bool = True) -> None:
+  inputs.output_directory("--workdir" if given else "the default --workdir", path)
 
 
 def _finished_trials(path: str) -> bool:
@@ -123,7 +123,9 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
   --record: an A/B's sides are not the main line's series by default).
   """
   check_options(options)
+  given = workdir is not None
   workdir = workdir or _default_workdir(repo, base, head)
+  check_workdir(workdir, given)
   plan = {"base": base.sha, "head": head.sha, "suites": [s.name for s in suite_list],
           "options": dataclasses.asdict(options)}
   check_plan(workdir, plan)
@@ -275,9 +277,11 @@ def _set_difference(entry, new_records, shared) -> str:
   return f" (the sets differ; left out, {'; '.join(parts)})" if parts else ""
 
 
-def history_render(out_dir: str, repo: str | None) -> str:
-  """The dashboard of the main line's records (every record outside a checkout)."""
-  inputs.output_directory("--out", out_dir)
+def history_render(out_dir: str, repo: str | None, given: bool = True) -> str:
+  """The dashboard of the main line's records (every record outside a checkout); given:
+  whether the user named out_dir (--out) or it is the default."""
+  inputs.output_directory("--out" if given else "the default output directory (--out)",
+                          out_dir)
   records = store.read()
   if not records:
     raise UserError(f"The history store {store.root()} holds no records yet: `make bench` "
