@@ -66,8 +66,7 @@ def subprocess_validator(python: str | None, code: str, trials: Sequence[Trial])
   """Loads each trial's config with the revision's code (at `code`) and interpreter."""
   if python is None or not trials:
     return
-  env = {**os.environ, "PYTHONPATH": code, "TF_CPP_MIN_LOG_LEVEL": "3",
-         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+  env = {**os.environ, "PYTHONPATH": code, "TF_CPP_MIN_LOG_LEVEL": "3"}
   done = subprocess.run([python, "-c", _SNIPPET], input=json.dumps([t.to_dict() for t in trials]),
                         capture_output=True, text=True, cwd=code, env=env, timeout=900)
   last = (done.stdout.strip().splitlines() or [""])[-1]
