@@ -159,6 +159,10 @@ def cmd_sweep(args) -> int:
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
   outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
                       bindings=FLAGS.gin_bindings, validate=_validate_trial)
+  failed = [o.trial.name for o in outcome.outcomes if o.status == "failed"]
+  if failed:   # Named at the end too: a gate on the exit code says which to look at.
+    print(f"sweep: {len(failed)} failed trial(s): {', '.join(failed)} (see each one's "
+          f"trial.log under {FLAGS.workdir})")
   return errors.EXIT_FAILURE if outcome.num_failed else errors.EXIT_OK
 
 
