@@ -169,12 +169,18 @@ def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: 
       if not revisions.has_path(repo, rev.sha, suite.sweep):
         raise missing_suite(suite, label, rev)
   with contextlib.ExitStack() as stack:
-    codes = {label: stack.enter_context(exported(repo, rev)) for label, rev in revs.items()}
+    by_sha = {rev.sha: stack.enter_context(exported(repo, rev))   # An A/A: one export.
+              for rev in {r.sha: r for r in revs.values()}.values()}
+    codes = {label: by_sha[rev.sha] for label, rev in revs.items()}
     trials = {(label, suite.name): trials_at(codes[label], suite, options, label, rev)[1]
               for label, rev in revs.items() for suite in suite_list}
     _check_shared(list(revs), suite_list, trials)
     deferred: dict[str, list[str]] = {}
+    checked = set()
     for label, rev in revs.items():
+      if rev.sha in checked:   # An A/A's second side is the first's code.
+        continue
+      checked.add(rev.sha)
       python, why = interpreter(repo, rev, codes[label])
       if python is None:
         log(f"{label} {rev.short}: {why}")
