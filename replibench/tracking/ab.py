@@ -32,7 +32,7 @@ from replibench.suite import sweep as sweep_lib
 from replibench.suite import sweep_file
 from replibench.suite.sweep_file import Trial
 from replibench.tracking import environments, record, revisions, validate, verdicts
-from replibench.tracking.suites import ALL_CONFIGS, Suite
+from replibench.tracking.suites import Suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,10 +125,7 @@ def prepare_sides(repo: str, base: revisions.Revision, head: revisions.Revision,
 def design(suite: Suite, options: Options) -> tuple[tuple | None, tuple | None, int]:
   """(configurations or None for all, seeds or None for the sweep's, rounds) an A/B runs:
   the options' where given, else the suite's default design."""
-  configs = suite.configs if options.configs is None else options.configs  # (validate.py)
-  if configs is not None and ALL_CONFIGS in configs:
-    configs = None
-  seeds = suite.seeds if options.seeds is None else options.seeds
+  configs, seeds = validate.design(suite, options)
   return configs, seeds, options.rounds or suite.rounds
 
 

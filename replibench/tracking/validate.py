@@ -103,6 +103,15 @@ def missing_suite(suite: Suite, label: str, rev: revisions.Revision) -> UserErro
       f"revision that has it, or A/B the other suites.")
 
 
+def design(suite: Suite, options) -> tuple[tuple | None, tuple | None]:
+  """(configurations or None for all, seeds or None for the sweep's) an A/B runs: the
+  options' where given, else the suite's default design."""
+  configs = suite.configs if options.configs is None else options.configs
+  if configs is not None and ALL_CONFIGS in configs:
+    configs = None
+  return configs, suite.seeds if options.seeds is None else options.seeds
+
+
 def trials_at(code: str, suite: Suite, options, label: str,
               rev: revisions.Revision) -> tuple[sweep_file.Sweep, dict[str, Trial]]:
   """The suite's trials at a revision checked out (or exported) at `code`, as the A/B
@@ -114,10 +123,7 @@ def trials_at(code: str, suite: Suite, options, label: str,
   except UserError as e:
     raise UserError(f"--suite={suite.name} at the {label} revision {rev.short}: "
                     f"{str(e).replace(code + os.sep, '')}") from None
-  configs = suite.configs if options.configs is None else options.configs
-  if configs is not None and ALL_CONFIGS in configs:
-    configs = None
-  seeds = suite.seeds if options.seeds is None else options.seeds
+  configs, seeds = design(suite, options)
   trials = sweep_file.expand(sweep, seeds=seeds, extra_bindings=options.bindings)
   if configs is not None:
     known = {t.config for t in trials}
