@@ -16,7 +16,8 @@ damaged line never hides the rest of the history; a directory where a .jsonl fil
 should be is skipped the same way.
 
 Only trials that ran to a result are recorded (record.py): a failed trial measures
-nothing, and its commit would otherwise enter the series with no value.
+nothing, and its commit would otherwise enter the series with no value. A trial is
+recorded once (`key`): appending a resumed bench or an A/B run again adds nothing.
 """
 
 import dataclasses
