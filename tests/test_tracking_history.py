@@ -122,6 +122,10 @@ def test_a_sweep_is_recorded_only_under_its_own_suite_and_never_its_failed_trial
     commands.history_record(other, fakes.SUITE, repo)
   with pytest.raises(UserError, match="no such directory"):
     commands.history_compare(str(tmp_path / "missing"), fakes.SUITE, {}, repo)
+  smoke = tmp_path / "smoke"
+  fakes.write_manifest(str(smoke), extra_bindings=("include 'configs/fake/smoke.gin'",))
+  with pytest.raises(UserError, match=r"with include 'configs/fake/smoke.gin' added"):
+    commands.history_record(str(smoke), fakes.SUITE, repo)
   no_manifest = tmp_path / "b0"
   fakes.write_result(str(no_manifest / "replicas=1" / "seed=1"), 1, 1.0, git_sha=sha)
   with pytest.raises(UserError, match="sweep.json"):

@@ -99,12 +99,15 @@ def validate(python, code, trials) -> None:
                       f"configurable matching 'Fake.broken'.")
 
 
-def write_manifest(sweep_dir: str, sweep_file: str = SUITE.sweep) -> None:
-  """The sweep.json `replibench sweep` leaves in its directory (names the sweep file)."""
+def write_manifest(sweep_dir: str, sweep_file: str = SUITE.sweep,
+                   extra_bindings: tuple = ()) -> None:
+  """The sweep.json `replibench sweep` leaves in its directory (names the sweep file and
+  what the command line added)."""
   os.makedirs(sweep_dir, exist_ok=True)
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
     json.dump({"sweep_file": os.path.join("/somewhere", sweep_file), "sweep_text": SWEEP,
-               "judge": None, "trials": []}, f)
+               "judge": None, "extra_gin_files": [], "extra_bindings": list(extra_bindings),
+               "trials": []}, f)
 
 
 class FakeRunner:

@@ -80,6 +80,12 @@ def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> None:
   if not os.path.normpath(ran).endswith(os.sep + os.path.normpath(suite.sweep)):
     raise UserError(f"--suite={suite.name}: {sweep_dir} ran {ran}, not the suite's "
                     f"{suite.sweep}; record it under the suite whose sweep file it ran.")
+  extras = [*(data.get("extra_gin_files") or []), *(data.get("extra_bindings") or [])]
+  if extras:   # e.g. bench-smoke's toy scale: not the suite's measurement.
+    raise UserError(f"--suite={suite.name}: {sweep_dir} ran {suite.sweep} with "
+                    f"{'; '.join(map(str, extras))[:200]} added to every trial, so its "
+                    f"figures are not the suite's; the history records the suite as its "
+                    f"sweep file defines it (make bench).")
 
 
 def from_sweep(sweep_dir: str, suite: Suite, repo: str) -> tuple[list[store.Record], str,
