@@ -135,6 +135,25 @@ def test_a_sweep_is_recorded_only_under_its_own_suite_and_never_its_failed_trial
   assert code == 1 and text.count("failed trial") == 2 and "4 trials of fake" in text
   assert store.read() and all(r.status != "failed" for r in store.read())
   assert {r.tf_version for r in store.read()} == {"2.21.0"}
+  # A trial that died before writing result.json is named from the sweep's plan.
+  crashed = _bench(tmp_path / "b3", sha)
+  fakes.write_manifest(crashed, trials=("replicas=1/seed=1", "replicas=1/seed=9"))
+  text, code = commands.history_record(crashed, fakes.SUITE, repo)
+  assert code == 1 and "failed trial replicas=1/seed=9 (no result.json)" in text
+
+
+def test_a_sweep_is_recorded_on_the_machine_that_ran_it(repo, tmp_path):
+  sha = fakes.git(repo, "rev-parse", "HEAD")
+  sweep = _bench(tmp_path / "b1", sha)
+  path = os.path.join(sweep, "replicas=1", "seed=1", "result.json")
+  result = json.load(open(path))
+  result["machine"] = {"cpu": "Another CPU 9000", "isa_flags": ["sse4_2"]}
+  json.dump(result, open(path, "w"))
+  with pytest.raises(UserError, match=r"trial replicas=1/seed=1 ran on Another CPU 9000"):
+    commands.history_record(sweep, fakes.SUITE, repo)
+  with pytest.raises(UserError, match=r"ran on Another CPU 9000"):
+    commands.history_compare(sweep, fakes.SUITE, {}, repo)
+  assert store.read() == []
 
 
 def test_make_bench_after_an_ab_records_and_compares_with_the_main_line(repo, tmp_path,

@@ -100,14 +100,14 @@ def validate(python, code, trials) -> None:
 
 
 def write_manifest(sweep_dir: str, sweep_file: str = SUITE.sweep,
-                   extra_bindings: tuple = ()) -> None:
+                   extra_bindings: tuple = (), trials: tuple = ()) -> None:
   """The sweep.json `replibench sweep` leaves in its directory (names the sweep file and
   what the command line added)."""
   os.makedirs(sweep_dir, exist_ok=True)
   with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
     json.dump({"sweep_file": os.path.join("/somewhere", sweep_file), "sweep_text": SWEEP,
                "judge": None, "extra_gin_files": [], "extra_bindings": list(extra_bindings),
-               "trials": []}, f)
+               "trials": [{"name": name} for name in trials]}, f)
 
 
 class FakeRunner:

@@ -216,8 +216,10 @@ def history_record(sweep_dir: str, suite: suites.Suite, repo: str) -> tuple[str,
 def _sweep_records(sweep_dir: str, suite: suites.Suite) -> list[store.Record]:
   """The sweep's trials that ran to a result, as records (not stored: for comparing)."""
   record.check_sweep_of_suite(sweep_dir, suite)
+  found = suite_results.find_results(sweep_dir)
+  record.check_ran_here(sweep_dir, found, machine.describe())
   out = []
-  for trial, result in suite_results.find_results(sweep_dir):
+  for trial, result in found:
     if not record.failed(result):
       out.append(record.from_result(
           result, commit=result.git_sha, commit_time="", suite=suite.name,

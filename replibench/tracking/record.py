@@ -61,8 +61,30 @@ def from_ab(kept: list, suite: str, run_id: str) -> list[store.Record]:
           for side, pair, result in kept if not failed(result)]
 
 
-def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> None:
-  """UserError unless sweep_dir is a sweep directory that ran suite's sweep file."""
+# The kernel flags result.json's machine record lists too (harness/provenance.ISA_FLAGS).
+_COMPARED_FLAGS = set(machine.KERNEL_FLAGS) - {"avx_vnni"}
+
+
+def check_ran_here(sweep_dir: str, found: list, info: dict) -> None:
+  """UserError when a trial's result.json names another CPU or other kernel flags than
+  this machine's: its figures belong to another machine's series (results that name no
+  CPU are taken as this machine's)."""
+  here = (info["cpu"], set(info["flags"]) & _COMPARED_FLAGS)
+  for trial, result in found:
+    ran = result.machine if result is not None else None
+    if ran is None or not ran.cpu:
+      continue
+    there = (ran.cpu, set(ran.isa_flags) & _COMPARED_FLAGS)
+    if there != here:
+      raise UserError(f"{sweep_dir}: trial {trial} ran on {ran.cpu} "
+                      f"({' '.join(sorted(there[1]))}), not on this machine ({here[0]}, "
+                      f"{' '.join(sorted(here[1]))}); the history records a sweep on the "
+                      f"machine that ran it: record it there.")
+
+
+def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> list[str]:
+  """The trial names the sweep planned; UserError unless sweep_dir is a sweep directory
+  that ran suite's sweep file as the file defines it."""
   if not os.path.isdir(sweep_dir):
     what = "is not a directory" if os.path.exists(sweep_dir) else "no such directory"
     raise UserError(f"{sweep_dir}: {what} (give the sweep directory of a finished "
@@ -86,6 +108,8 @@ def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> None:
                     f"{'; '.join(map(str, extras))[:200]} added to every trial, so its "
                     f"figures are not the suite's; the history records the suite as its "
                     f"sweep file defines it (make bench).")
+  return [t["name"] for t in data.get("trials") or []
+          if isinstance(t, dict) and isinstance(t.get("name"), str)]
 
 
 def from_sweep(sweep_dir: str, suite: Suite, repo: str) -> tuple[list[store.Record], str,
@@ -97,11 +121,16 @@ def from_sweep(sweep_dir: str, suite: Suite, repo: str) -> tuple[list[store.Reco
   from a dirty checkout or from several commits is not recorded (its figures
   belong to no commit).
   """
-  check_sweep_of_suite(sweep_dir, suite)
+  planned = check_sweep_of_suite(sweep_dir, suite)
   found = suite_results.find_results(sweep_dir)
   if not found:
     raise UserError(f"{sweep_dir} holds no result.json: nothing to record.")
+  info = machine.describe()
+  check_ran_here(sweep_dir, found, info)
   left_out = [trial for trial, result in found if failed(result)]
+  # A trial that died before writing result.json failed too: the manifest names it.
+  left_out += [f"{name} (no result.json)" for name in planned
+               if name not in {trial for trial, _ in found}]
   found = [(trial, result) for trial, result in found if not failed(result)]
   if not found:
     return [], "not recorded in the history: every trial failed", left_out
@@ -111,7 +140,6 @@ def from_sweep(sweep_dir: str, suite: Suite, repo: str) -> tuple[list[store.Reco
     return [], (f"not recorded in the history: its trials ran from {', '.join(sorted(shas))} "
                 f"(a history entry needs one committed revision)"), left_out
   rev = revisions.resolve(repo, sha, "git_sha")
-  info = machine.describe()
   fingerprint = machine.fingerprint(info)
   run_id = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(sweep_dir))))
   records = []
