@@ -362,3 +362,16 @@ def test_a_bisect_range_must_hold_the_suite_and_a_midpoint_that_cannot_run_fails
   fakes.commit(repo, "3", speed=0.5)
   with pytest.raises(Failure, match=r"bisect step 1: the midpoint cannot run the suite"):
     run("b2")
+
+
+def test_a_bisect_directory_holding_another_bisects_trials_is_refused(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  for i in range(1, 3):
+    fakes.commit(repo, f"commit {i}", speed=1.0)
+  run = lambda metric: bisect.bisect(  # noqa: E731
+      repo, revisions.resolve(repo, good, "--good"), revisions.resolve(repo, "HEAD", "--bad"),
+      fakes.SUITE, metric, ab.Options(), os.path.join(repo, "runs", "b"),
+      runner=fakes.FakeRunner(), validator=fakes.validate, log=lambda line: None)
+  run("examples_per_s")
+  with pytest.raises(UserError, match=r"holds a bisect of other metric"):
+    run("time_to_target_s")

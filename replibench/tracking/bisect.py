@@ -23,6 +23,7 @@ import time
 from replibench.errors import Failure, UserError
 from replibench.tracking import ab as ab_lib
 from replibench.tracking import paired, revisions, validate
+from replibench.tracking import workdir as workdir_lib
 from replibench.tracking.suites import Suite
 from replibench.tracking.verdicts import ALL_CONFIGS
 
@@ -72,6 +73,9 @@ def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: 
   """Finds the first commit after good (up to bad) whose A/B against good moves metric."""
   commits = revisions.commits_between(repo, good, bad)
   options = dataclasses.replace(options, metrics=(metric,))
+  plan = {"good": good.sha, "bad": bad.sha, "suite": suite.name, "metric": metric,
+          "options": dataclasses.asdict(options)}
+  workdir_lib.check_plan(workdir, plan, "a bisect")
   lacking = [c for c in commits if not revisions.has_path(repo, c.sha, suite.sweep)]
   if lacking:   # A midpoint without the suite would stop the bisect half-way: refused now.
     raise UserError(f"--suite={suite.name}: {len(lacking)} commit(s) between --good and --bad "
@@ -81,6 +85,7 @@ def bisect(repo: str, good: revisions.Revision, bad: revisions.Revision, suite: 
                                       validator, log)
   good_side = ab_lib.prepare_side(repo, "base", good, [suite], options,
                                   deferred.get("good", ()), validator, log)
+  workdir_lib.claim_workdir(workdir, plan, "a bisect")
   lo, hi = 0, len(commits) - 1     # the culprit lies in commits[lo..hi]; commits[hi] moved
   budget = math.ceil(math.log2(len(commits))) if len(commits) > 1 else 0
   log(f"bisect: {len(commits)} commits after {good.describe()} up to {bad.describe()}; "
