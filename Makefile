@@ -11,7 +11,9 @@
 #   make bench-engine     engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
 #   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
-#                         (SUITE=resnet for one; HEAD=REV for another head; exit 1 on a regression)
+#                         (SUITE=resnet for one; HEAD=REV for another head; AA=1 for an A/A of
+#                         one commit; RECORD=1 appends its trials to the history; exit 1 on a
+#                         regression or a failed trial, 2 on bad input before anything runs)
 #   make history          the results history's HTML dashboard with change points (runs/history/)
 #   make bench-throughput the full-size models on synthetic data: images/s per device,
 #                         step time, fraction of peak, memory, scaling (results/throughput/)
@@ -101,8 +103,11 @@ test: install data
 # Each suite: sweep, report, compare. A failed trial or a regression fails the
 # target, but the report and the comparison are still printed, and `make bench`
 # goes on with the other suites before failing. The full bench ($(7) = history) also
-# compares with the newest results history entry of this machine (informative: across
-# time a shared machine drifts; `make bench-ab` decides) and appends its trials to it.
+# compares with this machine's newest history entry on the main line (informative: across
+# time a shared machine drifts; `make bench-ab` decides) and appends its trials that ran
+# to a result to it (a failed trial is named and left out, and fails the target). The
+# history's own files never make the tree dirty (replibench/dirty.py), so a bench run
+# after an A/B that appended to them is still recorded.
 define run_suite
 	@rc=0; start=$$(date +%s); \
 	$(RB) sweep --sweep=$(SWEEP_$(1)) --workdir=$(2)/$(1) $(3) || rc=1; \
@@ -148,7 +153,8 @@ bench-accept:
 # for all three suites on a 2-core machine (results/tracking/README.md).
 SUITE ?= all
 bench-ab: install data
-	$(RB) ab --suite=$(SUITE) $(if $(BASE),--base=$(BASE)) $(if $(HEAD),--head=$(HEAD))
+	$(RB) ab --suite=$(SUITE) $(if $(BASE),--base=$(BASE)) $(if $(HEAD),--head=$(HEAD)) \
+	  $(if $(AA),--aa) $(if $(RECORD),--record)
 
 history: install
 	$(RB) history --out=$(WORKDIR)/history

@@ -98,6 +98,7 @@ def main() -> int:
     workdir = os.path.join(out, f"run{i + 1}")
     command = [sys.executable, "-m", "replibench.cli", "ab", f"--base={base}",
                f"--head={head}", f"--suite={args.suite}", f"--workdir={workdir}", "--norecord"]
+    command += ["--aa"] if head == base else []   # An A/A is asked for, never defaulted.
     command += [f"--configs={args.configs}"] if args.configs else []
     command += [f"--seeds={args.seeds}"] if args.seeds else []
     command += [f"--first_seed={i * args.seeds + 1}"] if args.new_seeds and args.seeds else []
@@ -105,7 +106,7 @@ def main() -> int:
     start = time.monotonic()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     minutes = (time.monotonic() - start) / 60
-    if done.returncode not in (0, 1):
+    if done.returncode not in (0, 1) or not os.path.exists(os.path.join(workdir, "ab.json")):
       print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
       return done.returncode
     ab = json.load(open(os.path.join(workdir, "ab.json")))

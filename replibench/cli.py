@@ -8,6 +8,7 @@ fault; nothing written), 3 the run diverged, 128+N stopped by signal N.
 import json
 import math
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -67,8 +68,11 @@ flags.DEFINE_list("min_effect", [], "ab, bisect: minimum effects as metric=fract
                   "0.05; final_metric 0.01): a smaller change is never a regression.")
 flags.DEFINE_list("metric", [], "ab: the metrics to judge (default: the sweep file's judge "
                   "list); bisect: the one metric whose move it looks for.")
-flags.DEFINE_boolean("record", True, "ab: append the trials to the results history "
-                     "(results/history/, or $REPLIBENCH_HISTORY).")
+flags.DEFINE_boolean("record", False, "ab: also append the trials that ran to a result to "
+                     "the results history (results/history/, or $REPLIBENCH_HISTORY); an "
+                     "A/B's sides stay out of it unless asked.")
+flags.DEFINE_boolean("aa", False, "ab: an A/A run, the same commit on both sides (measures "
+                     "the machine's noise); without it base and head must differ.")
 flags.DEFINE_string("good", None, "bisect: a revision where the metric is as it was.")
 flags.DEFINE_string("bad", None, "bisect: a later revision where it has moved.")
 
@@ -97,6 +101,9 @@ def cmd_run(args) -> int:
   summary = {k: getattr(result, k) for k in (
       "status", "target_metric", "target", "time_to_target_s", "steps_to_target",
       "final_metric", "final_step", "examples_per_s", "init_s")}
+  why = result.throughput.no_throughput_because if result.throughput else None
+  if why:   # A synthetic run too short to time: say why its throughput is null.
+    summary["no_throughput_because"] = why
   print(json.dumps(summary))
   return errors.EXIT_DIVERGED if result.status == "diverged" else errors.EXIT_OK
 
@@ -152,6 +159,10 @@ def cmd_sweep(args) -> int:
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
   outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
                       bindings=FLAGS.gin_bindings, validate=_validate_trial)
+  failed = [o.trial.name for o in outcome.outcomes if o.status == "failed"]
+  if failed:   # Named at the end too: a gate on the exit code says which to look at.
+    print(f"sweep: {len(failed)} failed trial(s): {', '.join(failed)} (see each one's "
+          f"trial.log under {FLAGS.workdir})")
   return errors.EXIT_FAILURE if outcome.num_failed else errors.EXIT_OK
 
 
@@ -168,7 +179,15 @@ def cmd_report(args) -> int:
   from replibench.suite import build_report, format_table, write_report  # pylint: disable=import-outside-toplevel
   if len(args) != 1:
     raise UserError("report: give one sweep directory, `replibench report DIR [--out=OUT]`.")
-  out = inputs.output_directory("--out", FLAGS.out or os.path.join(args[0], "report"))
+  # The input first: a file given for DIR is DIR's fault, not that of the --out derived
+  # from it.
+  if not os.path.isdir(args[0]):
+    raise UserError(f"report {args[0]}: "
+                    + ("is a file, not a sweep directory" if os.path.exists(args[0])
+                       else "no such directory")
+                    + " (give the --workdir of a `replibench sweep`).")
+  out = inputs.output_directory("--out" if FLAGS.out else "the default output directory "
+                                "(--out)", FLAGS.out or os.path.join(args[0], "report"))
   report = build_report(args[0])
   print(format_table(report))
   for kind, path in write_report(report, out).items():
@@ -203,26 +222,67 @@ def cmd_compare(args) -> int:
 
 
 def _tracking_options(metrics=None):
+  """ab's and bisect's options, every flag checked (before anything is checked out)."""
   from replibench.tracking import ab, commands  # pylint: disable=import-outside-toplevel
-  if FLAGS.seeds is not None and FLAGS.seeds < 1:
-    raise UserError(f"--seeds={FLAGS.seeds}: need at least one seed.")
+  if FLAGS.seeds is not None:
+    inputs.number("--seeds", FLAGS.seeds, 1, 10_000, integer=True, meaning="seeds")
   if FLAGS.first_seed < 0 or FLAGS["first_seed"].present and FLAGS.seeds is None:
     raise UserError(f"--first_seed={FLAGS.first_seed}: give it with --seeds=K, and >= 0.")
+  if FLAGS.rounds is not None:
+    inputs.number("--rounds", FLAGS.rounds, 1, 1_000, integer=True,
+                  meaning="runs of every trial per side")
   seeds = tuple(range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.seeds)) if FLAGS.seeds else None
-  return ab.Options(
+  options = ab.Options(
       rounds=FLAGS.rounds, seeds=seeds,
       configs=tuple(FLAGS.configs) if FLAGS.configs else None,
       bindings=tuple(FLAGS.gin_bindings), metrics=metrics,
       min_effects=commands.parse_min_effects(FLAGS.min_effect))
+  commands.check_options(options)
+  return options
+
+
+def _string_flags_given_empty(command: str) -> None:
+  """A flag given with no value (`--base=`, `--suite=`, `--configs=a,,b`) is refused: a
+  default silently taken for it would run something else than was asked."""
+  for name in COMMANDS[command].flags:
+    flag = FLAGS[name]
+    if not flag.present or isinstance(flag.value, bool):
+      continue
+    value = flag.value
+    empty = (value == "" if isinstance(value, str)
+             else isinstance(value, list) and (not value or any(
+                 isinstance(v, str) and not v.strip() for v in value)))
+    if empty:
+      raise UserError(f"--{name}={','.join(value) if isinstance(value, list) else value}: "
+                      f"empty; give a value, or leave the flag out for its default "
+                      f"(`replibench {command} --help`).")
+
+
+def _unused_flags(command: str, used: tuple[str, ...] | None = None) -> None:
+  """A flag of this CLI given to a command that does not read it is refused (it would
+  be silently ignored)."""
+  used = COMMANDS[command].flags if used is None else used
+  ours = {name for c in COMMANDS.values() for name in c.flags}
+  given = sorted(n for n in ours if FLAGS[n].present and n not in used)
+  if given:
+    raise UserError(f"{command}: --{', --'.join(given)} not used by this command (it reads "
+                    f"{', '.join('--' + n for n in used) or 'no flag'}); see `replibench "
+                    f"{command} --help`.")
+
+
+def _check_tracking_flags(command: str) -> None:
+  _string_flags_given_empty(command)
+  _unused_flags(command)
 
 
 def cmd_ab(args) -> int:
   from replibench.tracking import ab_report, commands, revisions, suites  # pylint: disable=import-outside-toplevel
   _no_arguments("ab", args)
+  _check_tracking_flags("ab")
   suite_list = suites.parse(FLAGS.suite or "all")
   options = _tracking_options(commands.parse_metrics(FLAGS.metric))
   repo = revisions.repo_root()
-  base, head = commands.resolve_sides(repo, FLAGS.base, FLAGS.head)
+  base, head = commands.resolve_sides(repo, FLAGS.base, FLAGS.head, aa=FLAGS.aa)
   outcomes, text = commands.run_ab(base, head, suite_list, options, repo, FLAGS.workdir,
                                    history=FLAGS.record)
   print(text)
@@ -232,6 +292,7 @@ def cmd_ab(args) -> int:
 def cmd_bisect(args) -> int:
   from replibench.tracking import bisect, commands, revisions, suites  # pylint: disable=import-outside-toplevel
   _no_arguments("bisect", args)
+  _check_tracking_flags("bisect")
   if not (FLAGS.good and FLAGS.bad and FLAGS.suite and len(FLAGS.metric) == 1):
     raise UserError("bisect: --good, --bad, --suite (one suite) and --metric (one metric) are "
                     "required; see `replibench bisect --help`.")
@@ -242,13 +303,14 @@ def cmd_bisect(args) -> int:
   if metric == "converged":
     raise UserError("--metric=converged: bisect follows a measured metric (time_to_target_s, "
                     "steps_to_target, examples_per_s or final_metric).")
+  options = _tracking_options()
   repo = revisions.repo_root()
   good = revisions.resolve(repo, FLAGS.good, "--good")
   bad = revisions.resolve(repo, FLAGS.bad, "--bad")
   workdir = FLAGS.workdir or os.path.join(repo, commands.AB_ROOT,
                                           f"bisect-{good.sha[:7]}-{bad.sha[:7]}")
-  commands.check_workdir(workdir)
-  outcome = bisect.bisect(repo, good, bad, suite_list[0], metric, _tracking_options(), workdir)
+  commands.check_workdir(workdir, given=FLAGS.workdir is not None)
+  outcome = bisect.bisect(repo, good, bad, suite_list[0], metric, options, workdir)
   print(f"first commit that moved {metric}: {outcome.first_moved.describe()} "
         f"({len(outcome.steps)} A/B step(s), {outcome.seconds / 60:.1f} min; runs in {workdir})")
   return errors.EXIT_OK
@@ -256,27 +318,37 @@ def cmd_bisect(args) -> int:
 
 def cmd_history(args) -> int:
   from replibench.tracking import commands, revisions, suites  # pylint: disable=import-outside-toplevel
+  _string_flags_given_empty("history")
   action = args[0] if args else "render"
   if action == "render":
     _no_arguments("history render", args[1:])
+    _unused_flags("history", ("out",))
     try:
       repo = revisions.repo_root()
     except UserError:   # Outside a checkout: the page lists commits without their subjects.
       repo = None
-    path = commands.history_render(FLAGS.out or os.path.join("runs", "history"), repo)
+    path = commands.history_render(FLAGS.out or os.path.join("runs", "history"), repo,
+                                   given=bool(FLAGS.out))
     print(f"wrote the history dashboard: {path}")
     return errors.EXIT_OK
   if action not in ("record", "compare") or len(args) != 2 or not FLAGS.suite:
     raise UserError("history: `replibench history [render] [--out=DIR]`, or `replibench "
                     "history record|compare SWEEP_DIR --suite=S`; see `replibench history "
                     "--help`.")
+  _unused_flags("history", ("suite",) if action == "record" else ("suite", "factors"))
   suite = suites.parse(FLAGS.suite)
   if len(suite) != 1:
     raise UserError(f"--suite={FLAGS.suite}: name the one suite the sweep ran.")
   if action == "record":
-    print(commands.history_record(args[1], suite[0].name, revisions.repo_root()))
-  else:
-    print(commands.history_compare(args[1], suite[0].name, _parse_factors(FLAGS.factors)))
+    text, code = commands.history_record(args[1], suite[0], revisions.repo_root())
+    print(text)
+    return code
+  factors = _parse_factors(FLAGS.factors)
+  try:
+    repo = revisions.repo_root()
+  except UserError:
+    repo = None
+  print(commands.history_compare(args[1], suite[0], factors, repo))
   return errors.EXIT_OK
 
 
@@ -297,6 +369,9 @@ def main(argv) -> int:
     logging.flush()
     print(f"replibench {command}: error: {errors.paragraph(e)}", file=sys.stderr)
     return errors.EXIT_USER_ERROR
+  except errors.Failure as e:
+    print(f"replibench {command}: failed: {errors.paragraph(e)}", file=sys.stderr)
+    return errors.EXIT_FAILURE
   except processes.Terminated as e:
     print(f"replibench {command}: stopped by signal {e.signum}.", file=sys.stderr)
     return processes.exit_code(e.signum)
@@ -337,18 +412,32 @@ def _tensorflow_logging() -> None:
   native_logs.filter_stderr()
 
 
+def _closed_pipe() -> None:
+  """stdout's reader went away (`replibench ... | head`): exit quietly, as a Unix tool
+  killed by SIGPIPE does (128 + 13), with no traceback and no error at shutdown."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())   # Python's final flush of stdout must not fail.
+  os._exit(128 + signal.SIGPIPE)  # pylint: disable=protected-access
+
+
 def run_main():
   allocator.keep_buffers_mapped()   # Before TensorFlow allocates (see allocator.py).
-  text = _help_request(sys.argv)
-  if text is not None:
-    print(text)
-    sys.exit(errors.EXIT_OK)
+  try:
+    text = _help_request(sys.argv)
+    if text is not None:
+      print(text)
+      sys.stdout.flush()
+      sys.exit(errors.EXIT_OK)
 
-  def start(argv):
-    _tensorflow_logging()
-    sys.exit(main(argv))
+    def start(argv):
+      _tensorflow_logging()
+      code = main(argv)
+      sys.stdout.flush()
+      sys.exit(code)
 
-  app.run(start, flags_parser=_parse_flags)
+    app.run(start, flags_parser=_parse_flags)
+  except BrokenPipeError:
+    _closed_pipe()
 
 
 if __name__ == "__main__":

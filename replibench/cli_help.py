@@ -62,16 +62,19 @@ COMMANDS = {
         "replibench compare runs/scaling --baseline=results/resnet/baseline.json"),
     "ab": Command(
         "A/B two revisions on this machine: both sides' suite trials interleaved (ABBA), "
-        "judged from paired ratios with confidence intervals; exit 1 on a regression.",
+        "judged from paired ratios with confidence intervals; every input checked before "
+        "anything is checked out; exit 1 on a regression, a failed trial or a suite with no "
+        "pair to judge.",
         "replibench ab --base=REV [--head=REV] --suite=resnet|sngan|d4pg|all [--rounds=K] "
         "[--seeds=K] [--configs=a,b] [--metric=m,...] [--min_effect=metric=fraction,...] "
-        "[--workdir=DIR] [--norecord]",
+        "[--workdir=DIR] [--record] [--aa]",
         ("base", "head", "suite", "rounds", "seeds", "first_seed", "configs", "metric",
-         "min_effect", "gin_bindings", "workdir", "record"),
+         "min_effect", "gin_bindings", "workdir", "record", "aa"),
         "replibench ab --base=main --suite=resnet"),
     "bisect": Command(
         "Find the first commit between --good and --bad that moved a metric, by A/B runs "
-        "against --good at midpoints (ceil(log2 n) steps for n commits).",
+        "against --good at midpoints (ceil(log2 n) steps for n commits); exit 1 when a "
+        "step's trials fail.",
         "replibench bisect --good=REV --bad=REV --suite=S --metric=M [--configs=a,b] "
         "[--rounds=K] [--seeds=K] [--min_effect=M=fraction]",
         ("good", "bad", "suite", "metric", "configs", "rounds", "seeds", "first_seed",
@@ -80,7 +83,8 @@ COMMANDS = {
         "--configs=replicas=1"),
     "history": Command(
         "The results history (results/history/): render its HTML dashboard with change "
-        "points, or record / compare a finished bench sweep (make bench does both).",
+        "points (the main line's commits), or record / compare a finished bench sweep "
+        "(make bench does both; record exits 1 naming failed trials, which it leaves out).",
         "replibench history [render] [--out=DIR] | replibench history record|compare "
         "SWEEP_DIR --suite=S [--factors=...]",
         ("out", "suite", "factors"),

@@ -13,6 +13,11 @@ class UserError(Exception):
   """Bad input: the message names the file, binding, flag or variable at fault."""
 
 
+class Failure(Exception):
+  """A run that could not give its answer (trials failed): the CLI prints the message
+  and exits EXIT_FAILURE."""
+
+
 # What gin appends to an exception raised inside a configurable it calls: Python
 # objects (<class ...>, <function ... at 0x...>), where the message names the binding.
 _GIN_CALL_NOTE = re.compile(

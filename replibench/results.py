@@ -192,6 +192,9 @@ class Throughput(Record):
   fraction_of_calibrated_matmul: float | None
   peak_host_memory_bytes: int
   peak_accelerator_memory_bytes: dict
+  # Why examples_per_s is None (the session timed no call), with the smallest
+  # --max_steps that gives one; None where it has a value (older results lack it).
+  no_throughput_because: str | None = None
 
 
 @dataclasses.dataclass

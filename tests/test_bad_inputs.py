@@ -176,6 +176,17 @@ def test_a_mesh_that_cannot_split_the_model_exits_2(capsys, binding, said):
   assert said in line, line
 
 
+@pytest.mark.parametrize("parallelism", ["pipeline", "tensor"])
+def test_model_parallelism_on_a_workload_that_cannot_split_gives_its_own_advice(capsys,
+                                                                                parallelism):
+  line = run_cli(capsys, "plan", "--gin_file=configs/d4pg/cartpole_swingup.gin",
+                 "--gin_bindings=Experiment.topology = @topology.Mesh()",
+                 f"--gin_bindings=topology.Mesh.parallelism = '{parallelism}'",
+                 "--gin_bindings=topology.Mesh.model = 2")
+  assert "with the d4pg" in line.lower() and "D4PG's policy and critic" in line, line
+  assert "ImageClassification" not in line and "small_resnet" not in line, line
+
+
 def test_a_configurable_in_a_message_is_shown_as_its_gin_reference(capsys):
   line = run_cli(capsys, "plan", f"--gin_file={CONFIG}",
                  "--gin_bindings=Experiment.regime = @regimes.Gossip()",
@@ -198,3 +209,56 @@ def test_more_actor_cores_than_the_machine_leaves_the_learner_exits_2(capsys, tm
                  f"--gin_bindings=D4PG.actor_cores = {cores}", f"--workdir={tmp_path / 'run'}")
   assert f"D4PG.actor_cores = {cores}" in line and f"at most {cores - 1}" in line, line
   assert not (tmp_path / "run").exists()
+
+
+# The tracker's commands: each bad input exits 2 with one paragraph naming it, before
+# anything is checked out or written (tests/test_tracking_ab.py checks the "nothing
+# written" of the revision checks on a fake suite).
+@pytest.mark.parametrize("args, said", [
+    (["ab", "--suite=", "--base=HEAD~1", "--head=HEAD"], "--suite=: empty"),
+    (["ab", "--base=", "--head=HEAD", "--suite=resnet"], "--base=: empty"),
+    (["ab", "--configs=replicas=1,,workers=2", "--base=HEAD~1", "--head=HEAD"],
+     "--configs=replicas=1,,workers=2: empty"),
+    (["ab", "--base=HEAD", "--head=HEAD", "--suite=d4pg"], "same commit"),
+    (["ab", "--base=HEAD~1", "--head=HEAD", "--suite=d4pg", "--factors=x=1"],
+     "--factors not used by this command"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=d4pg", "--metric=examples_per_s",
+      "--rounds=-1"], "--rounds=-1"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=d4pg", "--metric=examples_per_s",
+      "--rounds=0"], "--rounds=0"),
+    (["history", "--suite=resnet"], "--suite not used"),
+    (["history", "record", "runs/nowhere", "--suite=resnet", "--factors=bogus"],
+     "--factors not used"),
+    (["history", "compare", "runs/no-such-sweep", "--suite=resnet"], "no such directory"),
+])
+def test_a_tracker_command_refuses_bad_input_with_one_paragraph(capsys, args, said):
+  assert said in run_cli(capsys, *args)
+
+
+def test_the_tracker_names_the_file_at_fault(capsys, tmp_path, monkeypatch):
+  a_file = tmp_path / "a-file"
+  a_file.write_text("x")
+  assert f"--out={a_file}: is a file" in run_cli(capsys, "history", f"--out={a_file}")
+  monkeypatch.setenv("REPLIBENCH_HISTORY", str(a_file))
+  assert f"REPLIBENCH_HISTORY={a_file}: is a file" in run_cli(capsys, "history",
+                                                               f"--out={tmp_path / 'o'}")
+  assert not (tmp_path / "o").exists()
+  # `report FILE` blames FILE, not the --out derived from it.
+  line = run_cli(capsys, "report", str(a_file))
+  assert f"report {a_file}: is a file, not a sweep directory" in line and "--out" not in line
+  # An unknown configuration is refused after reading both revisions' sweep files (no
+  # worktree, no A/B directory).
+  workdir = tmp_path / "ab"
+  line = run_cli(capsys, "ab", "--base=HEAD~1", "--head=HEAD", "--suite=d4pg",
+                 "--configs=nope", f"--workdir={workdir}")
+  assert "--configs=nope: ['nope'] not in configs/d4pg/learner_scaling.sweep" in line
+  assert not workdir.exists()
+
+
+def test_a_default_output_directory_in_the_way_is_not_blamed_on_a_flag_never_given(
+    capsys, tmp_path):
+  sweep = tmp_path / "sweep"
+  os.makedirs(sweep)
+  (sweep / "report").write_text("a file where the default report directory goes")
+  line = run_cli(capsys, "report", str(sweep))
+  assert "the default output directory (--out)" in line and f"--out={sweep}" not in line

@@ -2,6 +2,8 @@
 and nothing written. Each case is a real `python -m replibench.cli` process."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -156,3 +158,15 @@ def test_tensorflow_start_up_notices_are_shown_when_asked():
 def test_the_filter_drops_start_up_notices_and_keeps_every_warning_and_error(line, driver, kept):
   from replibench import native_logs  # pylint: disable=import-outside-toplevel
   assert native_logs.keep(line, nvidia_driver=driver) == kept
+
+
+@pytest.mark.parametrize("args", [["nosuch", "--help"], ["help", "ab"]])
+def test_a_closed_pipe_ends_the_cli_quietly(args):
+  """`replibench nosuch --help | head -2`: the reader goes away; no traceback, the exit
+  a Unix tool killed by SIGPIPE gives (141)."""
+  proc = subprocess.Popen([sys.executable, "-m", "replibench.cli", *args], cwd=helpers.REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc.stdout.close()                 # Closed before the CLI writes: its write fails.
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=120) == 141, err
+  assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err

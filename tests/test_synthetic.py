@@ -170,3 +170,17 @@ def test_synthetic_resnet_runs_on_a_gpu_replica(tmp_path):
   assert "GPU" in record["device_names"][0] and record["examples_per_s"] > 0
   assert record["fraction_of_calibrated_matmul"] is None   # A GPU's peak: a device profile.
   assert max(record["peak_accelerator_memory_bytes"].values()) > 0
+
+
+def test_a_run_too_short_to_time_says_why_and_the_smallest_max_steps():
+  """The first training call traces and compiles and is never timed: a session of one
+  call has no throughput, and its record says so and which --max_steps gives one."""
+  from replibench.harness import throughput  # pylint: disable=import-outside-toplevel
+  why = throughput.why_none(0, 2, 2, 100)
+  assert "ran 1 training call(s)" in why and "--max_steps=4 (two calls)" in why
+  assert "--max_steps=14" in throughput.why_none(10, 12, 2, 100)   # resumed at step 10
+  assert "budget (3 steps) holds fewer than two calls" in throughput.why_none(0, 3, 2, 3)
+  none = throughput.record(None, 8, 1, 1, ["/CPU:0"], 1e6, None, why)
+  assert none["examples_per_s"] is None and none["no_throughput_because"] == why
+  assert throughput.record(100.0, 8, 1, 1, ["/CPU:0"], 1e6, None, why)[
+      "no_throughput_because"] is None

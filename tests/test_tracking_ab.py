@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from replibench.errors import UserError
-from replibench.tracking import ab, bisect, commands, environments, revisions, store
+from replibench.errors import Failure, UserError
+from replibench.tracking import ab, ab_report, bisect, commands, environments, revisions, store
+from replibench.tracking import suites, validate
 from tests import helpers
 from tests import tracking_fakes as fakes
 
@@ -20,12 +21,14 @@ def repo(tmp_path, monkeypatch):
   return fakes.make_repo(tmp_path / "repo")
 
 
-def _ab(repo, base, head, runner=None, workdir="t", suite=fakes.SUITE, **options):
+def _ab(repo, base, head, runner=None, workdir="t", suite=fakes.SUITE, history=False,
+        **options):
   base_rev = revisions.resolve(repo, base, "--base")
   head_rev = revisions.resolve(repo, head, "--head")
   return commands.run_ab(base_rev, head_rev, [suite], ab.Options(**options), repo,
-                         os.path.join(repo, "runs", "ab", workdir),
-                         runner=runner or fakes.FakeRunner(), log=lambda line: None)
+                         os.path.join(repo, "runs", "ab", workdir), history=history,
+                         runner=runner or fakes.FakeRunner(), validator=fakes.validate,
+                         log=lambda line: None)
 
 
 def _row(outcome, metric, config="all configs"):
@@ -84,7 +87,9 @@ def test_trials_run_interleaved_abba_from_each_revisions_checkout(repo):
 def test_outputs_and_history_records_of_both_sides(repo):
   good = fakes.git(repo, "rev-parse", "HEAD")
   head = fakes.commit(repo, "slower", speed=0.8)
-  _ab(repo, good, head)
+  _ab(repo, good, head, workdir="unrecorded")
+  assert store.read() == []              # An A/B's sides enter the history only when asked.
+  _ab(repo, good, head, history=True)
   report = json.load(open(os.path.join(repo, "runs", "ab", "t", "ab.json")))
   assert report["exit_code"] == 1 and [s["sha"] for s in report["sides"]] == [good, head]
   assert "| fake | all configs | examples/s |" in open(
@@ -92,6 +97,7 @@ def test_outputs_and_history_records_of_both_sides(repo):
   records = store.read()
   assert {r.commit for r in records} == {good, head} and len(records) == 12
   assert {r.source for r in records} == {"ab"} and len({r.machine for r in records}) == 1
+  assert {r.tf_version for r in records} == {"2.21.0"}
 
 
 def test_the_worktree_holds_the_exact_commit_and_is_reused(repo):
@@ -124,14 +130,16 @@ def test_bad_revisions_dirty_trees_and_missing_suites_are_clear_errors(repo):
   with open(os.path.join(repo, "speed.txt"), "w") as f:
     f.write("0.5\n")
   with pytest.raises(UserError, match="uncommitted changes to speed.txt"):
-    commands.resolve_sides(repo, "HEAD", None)
-  commands.resolve_sides(repo, "HEAD", "HEAD")          # an explicit head is checked out
+    commands.resolve_sides(repo, "HEAD", None, aa=True)
+  commands.resolve_sides(repo, "HEAD", "HEAD", aa=True)   # an explicit head is checked out
+  with pytest.raises(UserError, match="same commit .* --aa"):
+    commands.resolve_sides(repo, "HEAD", "HEAD")
   fakes.git(repo, "checkout", "-q", "--", "speed.txt")
   os.makedirs(os.path.join(repo, "results", "history"))   # results/ never makes it dirty
   fakes.commit(repo, "history", files={"results/history/x.jsonl": ""})
   with open(os.path.join(repo, "results", "history", "x.jsonl"), "w") as f:
     f.write("{}\n")
-  commands.resolve_sides(repo, "HEAD", None)
+  commands.resolve_sides(repo, "HEAD", None, aa=True)
   first = fakes.git(repo, "rev-list", "--max-parents=0", "HEAD")
   fakes.git(repo, "checkout", "-q", "--orphan", "bare")
   fakes.git(repo, "rm", "-q", "-rf", "configs")
@@ -149,7 +157,8 @@ def test_bisect_finds_the_commit_that_slowed_the_step(repo):
   outcome = bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
                           revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE,
                           "examples_per_s", ab.Options(), os.path.join(repo, "runs", "b"),
-                          runner=fakes.FakeRunner(), log=lines.append)
+                          runner=fakes.FakeRunner(), validator=fakes.validate,
+                          log=lines.append)
   assert outcome.first_moved.sha == shas[4] and len(outcome.steps) == 3
   assert sum(line.startswith("step ") for line in lines) == 3   # pairs are indented
   with pytest.raises(UserError, match="not an ancestor"):
@@ -172,23 +181,197 @@ def test_cli_bad_input_exits_2_with_one_paragraph(args, message):
   assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
-def _bench_sweep(path, sha, speed):
-  """A finished bench sweep directory of the fake suite at commit sha."""
+def _bench_sweep(path, sha, speed, seeds=(1, 2, 3), failed=()):
+  """A finished bench sweep directory of the fake suite at commit sha (the seeds in
+  `failed` failed)."""
+  fakes.write_manifest(str(path))
   for config in ("replicas=1", "replicas=2"):
-    for seed in (1, 2, 3):
+    for seed in seeds:
       fakes.write_result(os.path.join(path, config, f"seed={seed}"), seed, speed,
-                         1 + 0.01 * seed, git_sha=sha)
+                         1 + 0.01 * seed, git_sha=sha,
+                         status="failed" if seed in failed else "reached")
   return str(path)
 
 
 def test_bench_compares_with_the_newest_history_entry_then_records(repo, tmp_path):
   sha = fakes.git(repo, "rev-parse", "HEAD")
   first = _bench_sweep(tmp_path / "bench1" / "fake", sha, 1.0)
-  assert "make bench-ab" in commands.history_compare(first, "fake", {})
-  assert "6 trials of fake" in commands.history_record(first, "fake", repo)
+  assert "make bench-ab" in commands.history_compare(first, fakes.SUITE, {}, repo)
+  text, code = commands.history_record(first, fakes.SUITE, repo)
+  assert "6 trials of fake" in text and code == 0
   slower = _bench_sweep(tmp_path / "bench2" / "fake", sha, 0.5)
-  text = commands.history_compare(slower, "fake", {})
+  text = commands.history_compare(slower, fakes.SUITE, {}, repo)
   assert f"commit {sha[:10]}, 6 trials" in text and "REGRESSION" in text
-  assert "make bench-ab BASE=" in text
+  assert "make bench-ab BASE=" in text and "TensorFlow versions differ" not in text
   dirty = _bench_sweep(tmp_path / "bench3" / "fake", sha + "-dirty", 1.0)
-  assert "not recorded" in commands.history_record(dirty, "fake", repo)
+  assert "not recorded" in commands.history_record(dirty, fakes.SUITE, repo)[0]
+
+
+def test_failed_trials_exit_1_are_named_and_never_enter_the_history(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "same speed", speed=1.0)
+  # Base fails on seed 2: no verdict calls that a regression of the head, yet the A/B
+  # could not measure what it was asked to: exit 1, the trials named.
+  runner = fakes.FakeRunner(fail=lambda side, trial: side.label == "base" and trial.seed == 2)
+  outcomes, text = _ab(repo, good, "HEAD", runner=runner, history=True)
+  assert ab_report.exit_code(outcomes) == 1 and not outcomes[0].regressions
+  assert len(outcomes[0].failed) == 2 and all(f.startswith("base ") for f in outcomes[0].failed)
+  assert "FAILED trial base" in text and "2 failed trial(s); exit code 1" in text
+  records = store.read()
+  assert len(records) == 10 and all(r.status != "failed" for r in records)
+
+
+def test_an_ab_with_no_judgeable_pair_says_so_and_exits_1(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "every trial fails", speed=1.0)
+  outcomes, text = _ab(repo, good, "HEAD", history=True,
+                       runner=fakes.FakeRunner(fail=lambda side, trial: True))
+  assert ab_report.exit_code(outcomes) == 1 and outcomes[0].judgeable == 0
+  assert "no judgeable pair" in text and "exit code 1" in text
+  assert store.read() == []                  # the history is untouched
+
+
+def _nothing_written(repo, workdir):
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "worktrees"))
+  assert len(fakes.git(repo, "worktree", "list").splitlines()) == 1
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", workdir, commands.PLAN_FILE))
+  assert store.read() == []
+
+
+@pytest.mark.parametrize("case, message", [
+    ("configs", r"--configs=replicas=9: \['replicas=9'\] not in"),
+    ("binding", r"at the base revision .* trial replicas=1/seed=1 does not compile.*"
+                r"with --gin_bindings Fake.broken"),
+    ("broken_base", r"at the base revision .* does not compile"),
+    ("no_suite", r"base revision .* has no configs/fake/fake.sweep"),
+    ("rounds", r"--rounds=0"),
+    ("workdir_file", r"--workdir=.*is a file"),
+    ("history_file", r"REPLIBENCH_HISTORY=.*is a file"),
+])
+def test_bad_input_is_refused_before_anything_is_checked_out_or_written(
+    repo, monkeypatch, tmp_path, case, message):
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  if case == "broken_base":
+    base = fakes.commit(repo, "broken", files={"broken.txt": "x"})
+  if case == "no_suite":
+    fakes.git(repo, "checkout", "-q", "--orphan", "bare")
+    fakes.git(repo, "rm", "-q", "-rf", "configs")
+    base = fakes.commit(repo, "no suite")
+    fakes.git(repo, "checkout", "-q", "main")
+  fakes.commit(repo, "head", speed=0.9)
+  if case == "broken_base":
+    fakes.git(repo, "rm", "-q", "broken.txt")
+    fakes.commit(repo, "fixed")
+  options = {"configs": {"configs": ("replicas=9",)}, "binding": {"bindings": (fakes.BROKEN,)},
+             "rounds": {"rounds": 0}}.get(case, {})
+  workdir = "w"
+  if case == "workdir_file":
+    os.makedirs(os.path.join(repo, "runs", "ab"))
+    open(os.path.join(repo, "runs", "ab", "w"), "w").close()
+  if case == "history_file":
+    monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+  with pytest.raises(UserError, match=message):
+    _ab(repo, base, "HEAD", workdir=workdir, history=True, **options)
+  if case == "history_file":
+    monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "history"))
+  if case != "workdir_file":
+    _nothing_written(repo, workdir)
+  if case in ("configs", "binding", "rounds"):   # The corrected retry runs in that directory.
+    (outcome,), _ = _ab(repo, base, "HEAD", workdir=workdir, history=True)
+    assert len(outcome.pairs) == 6 and len(store.read()) == 12
+
+
+def test_a_corrupt_plan_is_a_clear_refusal_and_a_plan_without_trials_does_not_block(repo):
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "head", speed=0.9)
+  workdir = os.path.join(repo, "runs", "ab", "w")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, commands.PLAN_FILE), "wb") as f:
+    f.write(b"{\x00\xff garbage")
+  with pytest.raises(UserError, match=r"ab-plan.json is not readable JSON"):
+    _ab(repo, base, "HEAD", workdir="w")
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "worktrees"))
+  # A plan of another A/B whose trials never ran does not block this one.
+  with open(os.path.join(workdir, commands.PLAN_FILE), "w") as f:
+    json.dump({"base": "0" * 40, "head": "1" * 40, "suites": ["fake"], "options": {}}, f)
+  (outcome,), _ = _ab(repo, base, "HEAD", workdir="w")
+  assert len(outcome.pairs) == 6
+
+
+def test_a_bisect_step_with_failed_trials_stops_with_exit_1_naming_them(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  for i in range(1, 4):
+    fakes.commit(repo, f"commit {i}", speed=1.0)
+  runner = fakes.FakeRunner(fail=lambda side, trial: side.label == "head" and trial.seed == 1)
+  with pytest.raises(Failure, match=r"bisect step 1 .* could not judge: head .*seed=1"):
+    bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
+                  revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE, "examples_per_s",
+                  ab.Options(), os.path.join(repo, "runs", "b"), runner=runner,
+                  validator=fakes.validate, log=lambda line: None)
+  fakes.commit(repo, "broken at bad", files={"broken.txt": "x"})
+  with pytest.raises(UserError, match=r"bad revision .* does not compile"):
+    bisect.bisect(repo, revisions.resolve(repo, good, "--good"),
+                  revisions.resolve(repo, "HEAD", "--bad"), fakes.SUITE, "examples_per_s",
+                  ab.Options(), os.path.join(repo, "runs", "b2"), runner=fakes.FakeRunner(),
+                  validator=fakes.validate, log=lambda line: None)
+  assert not os.path.exists(os.path.join(repo, "runs", "b2"))
+
+
+def test_the_compile_check_loads_a_revisions_configs_with_its_code():
+  """The default validator: a subprocess of the revision's interpreter loads each
+  configuration as `replibench run` would; a binding that cannot compile is named."""
+  rev = revisions.resolve(helpers.REPO, "HEAD", "--head")
+  _, trials = validate.trials_at(helpers.REPO, suites.SUITES["d4pg"],
+                                 ab.Options(bindings=("Nope.x = 1",)), "head", rev)
+  with pytest.raises(UserError, match=r"trial .* does not compile: .*Nope"):
+    validate.subprocess_validator(sys.executable, helpers.REPO, list(trials.values())[:1])
+
+
+def test_configs_are_compiled_once_a_sides_own_environment_exists(repo, monkeypatch):
+  """A revision this interpreter cannot load (its own environment not built yet): its
+  configs compile right after the environment is made, before any trial or plan."""
+  base = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "broken head", files={"broken.txt": "x"})
+  monkeypatch.setattr(validate, "interpreter", lambda repo_, rev, code: (None, "not built"))
+  runner = fakes.FakeRunner()
+  with pytest.raises(UserError, match=r"--suite=fake at the head revision .* does not compile"):
+    _ab(repo, base, "HEAD", runner=runner, workdir="w")
+  assert runner.calls == []
+  assert not os.path.exists(os.path.join(repo, "runs", "ab", "w", commands.PLAN_FILE))
+
+
+def test_a_bisect_range_must_hold_the_suite_and_a_midpoint_that_cannot_run_fails(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "suite renamed", files={})
+  fakes.git(repo, "mv", "configs/fake/fake.sweep", "configs/fake/gone.sweep")
+  fakes.commit(repo, "gone")
+  fakes.git(repo, "mv", "configs/fake/gone.sweep", "configs/fake/fake.sweep")
+  fakes.commit(repo, "back")
+  run = lambda workdir, runner=None: bisect.bisect(  # noqa: E731
+      repo, revisions.resolve(repo, good, "--good"), revisions.resolve(repo, "HEAD", "--bad"),
+      fakes.SUITE, "examples_per_s", ab.Options(), os.path.join(repo, "runs", workdir),
+      runner=runner or fakes.FakeRunner(), validator=fakes.validate, log=lambda line: None)
+  with pytest.raises(UserError, match=r"1 commit\(s\) between --good and --bad have no"):
+    run("b1")
+  assert not os.path.exists(os.path.join(repo, "runs"))
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "1")
+  fakes.commit(repo, "2: the midpoint, broken", files={"broken.txt": "x"})
+  fakes.git(repo, "rm", "-q", "broken.txt")
+  fakes.commit(repo, "3", speed=0.5)
+  with pytest.raises(Failure, match=r"bisect step 1: the midpoint cannot run the suite"):
+    run("b2")
+
+
+def test_a_bisect_directory_holding_another_bisects_trials_is_refused(repo):
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  for i in range(1, 3):
+    fakes.commit(repo, f"commit {i}", speed=1.0)
+  run = lambda metric: bisect.bisect(  # noqa: E731
+      repo, revisions.resolve(repo, good, "--good"), revisions.resolve(repo, "HEAD", "--bad"),
+      fakes.SUITE, metric, ab.Options(), os.path.join(repo, "runs", "b"),
+      runner=fakes.FakeRunner(), validator=fakes.validate, log=lambda line: None)
+  run("examples_per_s")
+  with pytest.raises(UserError, match=r"holds a bisect of other metric"):
+    run("time_to_target_s")

@@ -8,6 +8,7 @@ history and bisect code runs exactly as on a real suite, in milliseconds.
 """
 
 import hashlib
+import json
 import math
 import os
 import subprocess
@@ -15,6 +16,7 @@ import subprocess
 import numpy as np
 
 from replibench import results
+from replibench.errors import UserError
 from replibench.tracking.suites import Suite
 
 SUITE = Suite("fake", "configs/fake/fake.sweep", rounds=1)
@@ -75,27 +77,54 @@ def _noise(*key, sigma: float) -> float:
 
 
 def write_result(trial_dir: str, seed: int, speed: float, noise: float = 1.0,
-                 git_sha: str = "") -> None:
+                 git_sha: str = "", status: str = "reached") -> None:
   """A fake trial's result.json: examples/s = 1000 x speed x noise."""
   eps = 1000.0 * speed * noise
   results.write(trial_dir, results.RunResult(
-      status="reached", workload="fake", target_metric="eval/top1", target=0.5,
+      status=status, workload="fake", target_metric="eval/top1", target=0.5,
       higher_is_better=True, time_to_target_s=10000.0 / eps, steps_to_target=100,
-      examples_per_s=eps, final_metric=0.6, seed=seed, git_sha=git_sha,
+      examples_per_s=eps, final_metric=0.6, seed=seed, git_sha=git_sha, tf_version="2.21.0",
       machine={"calibration": {"matmul_gflops": 100.0, "convnet_gflops": 50.0}}))
+
+
+BROKEN = "Fake.broken = True"   # A binding the fake validator says does not compile.
+
+
+def validate(python, code, trials) -> None:
+  """The fake suite's compile check (validate.Validator): a trial whose bindings hold
+  BROKEN, or a revision whose broken.txt exists, does not compile."""
+  for t in trials:
+    if BROKEN in t.bindings or os.path.exists(os.path.join(code, "broken.txt")):
+      raise UserError(f"trial {t.name} does not compile: Gin config fake.gin: No "
+                      f"configurable matching 'Fake.broken'.")
+
+
+def write_manifest(sweep_dir: str, sweep_file: str = SUITE.sweep,
+                   extra_bindings: tuple = (), trials: tuple = ()) -> None:
+  """The sweep.json `replibench sweep` leaves in its directory (names the sweep file and
+  what the command line added)."""
+  os.makedirs(sweep_dir, exist_ok=True)
+  with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
+    json.dump({"sweep_file": os.path.join("/somewhere", sweep_file), "sweep_text": SWEEP,
+               "judge": None, "extra_gin_files": [], "extra_bindings": list(extra_bindings),
+               "trials": [{"name": name} for name in trials]}, f)
 
 
 class FakeRunner:
   """A runner for ab.run_suite: examples/s = 1000 x speed.txt x noise; time to target
-  the other way. `sigma` is the log-normal noise of one trial."""
+  the other way. `sigma` is the log-normal noise of one trial. A revision whose
+  speed.txt says 'fail' (or a trial fail(side, trial) says should) fails: no result."""
 
-  def __init__(self, sigma: float = 0.03, salt: str = ""):
-    self.sigma, self.salt, self.calls = sigma, salt, []
+  def __init__(self, sigma: float = 0.03, salt: str = "", fail=None):
+    self.sigma, self.salt, self.calls, self.fail = sigma, salt, [], fail
 
   def __call__(self, side, trial, trial_dir):
     with open(os.path.join(side.env.code, "speed.txt")) as f:
-      speed = float(f.read())
+      text = f.read().strip()
     self.calls.append((side.label, trial.name, trial_dir))
+    if text == "fail" or self.fail is not None and self.fail(side, trial):
+      return 1
+    speed = float(text)
     # Seeded by what names the trial, not by its directory (under pytest's tmp_path, a
     # new one each run): the same A/B draws the same noise every time.
     noise = _noise(self.salt, side.label, trial.name, os.path.basename(trial_dir),

@@ -60,7 +60,20 @@ class Experiment:
     self.regime.check(self.topology)
     self.topology.check_spec(self._spec)
     self.regime.check_workload(self.workload)
+    self._check_model_parallel()
     self._check_precision()
+
+  def _check_model_parallel(self) -> None:
+    """A replica spanning devices needs a workload whose models can be split: refused
+    with that workload's own advice (not another workload's) where they cannot."""
+    model = getattr(self.topology, "model", 1)
+    if not isinstance(model, int) or model <= 1:
+      return
+    refusal = self.workload.model_parallel_refusal()
+    if refusal:
+      raise UserError(f"topology.Mesh.model = {model} (parallelism "
+                      f"{getattr(self.topology, 'parallelism', '?')!r}) with the "
+                      f"{self.workload.name} workload: {refusal}.")
 
   def check_models(self) -> None:
     """Builds the workload's models once (UserError if a model binding does not build).

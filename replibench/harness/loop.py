@@ -138,10 +138,15 @@ class _Run:
                              "first_call_s": meter.first_call_s, "windows": meter.windows,
                              "calibration": self.calibration}
     if self.synthetic:
+      why = None
+      if meter.examples_per_s() is None:
+        why = throughput.why_none(meter.start_step, int(self.step.numpy()),
+                                  self.spec.steps_per_call, self.spec.total_steps)
+        logging.warning("%s: %s.", self.workdir, why)
       self.state.throughput["record"] = throughput.record(
           meter.examples_per_s(), self.spec.global_batch_size, self.spec.num_replicas,
           self.replicator.num_workers, throughput.replica_devices(self.replicator),
-          self.flops_per_example, self.calibration)
+          self.flops_per_example, self.calibration, why)
     if status != results.BUDGET_EXHAUSTED or int(self.step.numpy()) >= self.spec.total_steps:
       self.state.status, self.state.reached_at = status, reached_at   # Final: in the checkpoint.
     self.save()

@@ -15,7 +15,7 @@ import time
 
 import tensorflow as tf
 
-from replibench import allocator
+from replibench import allocator, dirty
 
 # The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
@@ -29,9 +29,9 @@ def git_sha() -> str:
   try:
     sha = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
                          text=True, timeout=10, check=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10).stdout.strip()
-    return sha + ("-dirty" if dirty else "")
+    # Only changes that can change a run count (dirty.py): the results history's own
+    # appends under results/ must not turn the next run's commit into '<sha>-dirty'.
+    return sha + ("-dirty" if dirty.relevant_changes(root, timeout=10) else "")
   except (OSError, subprocess.SubprocessError):
     return "unknown"
 

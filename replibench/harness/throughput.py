@@ -30,11 +30,27 @@ def peak_host_memory_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def why_none(start_step: int, end_step: int, steps_per_call: int, total_steps: int) -> str:
+  """Why a session that trained from start_step to end_step timed no training call, and
+  the smallest --max_steps that times one (the first call traces and compiles, so it is
+  never timed: a throughput needs a second)."""
+  calls = -(-(end_step - start_step) // steps_per_call)
+  smallest = start_step + 2 * steps_per_call
+  said = (f"no throughput: this session ran {calls} training call(s) of {steps_per_call} "
+          f"step(s) (steps {start_step}-{end_step}) and the first call, which traces and "
+          f"compiles the step, is never timed")
+  if smallest > total_steps:
+    return (f"{said}; the run's budget ({total_steps} steps) holds fewer than two calls: "
+            f"raise Experiment.train_epochs or lower Experiment.steps_per_call")
+  return f"{said}; --max_steps={smallest} (two calls) is the smallest that gives one"
+
+
 def record(examples_per_s: float | None, global_batch_size: int, num_replicas: int,
            num_workers: int, devices: list[str], flops_per_example: float | None,
-           calibration: dict | None) -> dict:
-  """The record; examples_per_s over the training calls after the first (None: one call),
-  devices: this process's replica devices, calibration: this process's (provenance)."""
+           calibration: dict | None, no_throughput_because: str | None = None) -> dict:
+  """The record; examples_per_s over the training calls after the first (None: one call,
+  and no_throughput_because says so), devices: this process's replica devices,
+  calibration: this process's (provenance)."""
   per_device = examples_per_s / num_replicas if examples_per_s else None
   flops_per_s = examples_per_s * flops_per_example if per_device and flops_per_example else None
   on_cpu = bool(devices) and all("CPU" in d.upper() for d in devices)
@@ -55,6 +71,7 @@ def record(examples_per_s: float | None, global_batch_size: int, num_replicas: i
       "fraction_of_calibrated_matmul": _round(fraction),
       "peak_host_memory_bytes": peak_host_memory_bytes(),
       "peak_accelerator_memory_bytes": provenance.accelerator_peak_memory(),
+      "no_throughput_because": None if examples_per_s else no_throughput_because,
   }
 
 

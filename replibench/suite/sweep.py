@@ -144,12 +144,16 @@ def _run_trial(trial: Trial, trial_dir: str, runner: Runner) -> tuple[int | None
   return exit_code, results.read_result(trial_dir)
 
 
-def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial]) -> None:
+def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial],
+                    gin_files: Sequence[str] = (), bindings: Sequence[str] = ()) -> None:
   with open(sweep.path) as f:
     text = f.read()
   atomic.write_json(os.path.join(workdir, MANIFEST_FILE), {
       "sweep_file": os.path.abspath(sweep.path), "sweep_text": text,
       "judge": list(sweep.judge) if sweep.judge is not None else None,
+      # What the command line added to every trial (the history records a suite's
+      # sweep only as its file defines it: tracking/record.py).
+      "extra_gin_files": list(gin_files), "extra_bindings": list(bindings),
       "trials": [t.to_dict() for t in trials]})
 
 
@@ -200,7 +204,7 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
   if validate is not None:
     check_trials(trials, sweep.path, validate)
   os.makedirs(workdir, exist_ok=True)
-  _write_manifest(workdir, sweep, trials)
+  _write_manifest(workdir, sweep, trials, gin_files, bindings)
   n = len(trials)
   outcomes: dict[int, TrialOutcome] = {}
   pending = []

@@ -13,6 +13,12 @@ Layout of an A/B directory (--workdir, default runs/ab/<time>-<base>-<head>/):
   ab.json, report.md                 the outcome (written at the end)
   <suite>/<base|head>/<config>/seed=<s>/round=<r>/   each trial's run directory
 An A/B run again on the same directory skips the trials that already finished.
+
+Every input is checked before anything is checked out or written (validate.py).
+A trial that fails (no result, or status 'failed') is named in the outcome and
+makes the A/B exit 1, whatever the verdicts; so does a suite without one pair whose
+two trials both ran to a result (nothing could be judged). Failed trials never
+enter the history (record.py).
 """
 
 import dataclasses
@@ -25,8 +31,8 @@ from replibench.errors import UserError
 from replibench.suite import sweep as sweep_lib
 from replibench.suite import sweep_file
 from replibench.suite.sweep_file import Trial
-from replibench.tracking import environments, record, revisions, verdicts
-from replibench.tracking.suites import ALL_CONFIGS, Suite
+from replibench.tracking import environments, record, revisions, validate, verdicts
+from replibench.tracking.suites import Suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +66,16 @@ class SuiteAB:
   only_base: list[str]
   only_head: list[str]
   seconds: float
+  failed: list[str] = dataclasses.field(default_factory=list)   # 'side trial round=r: dir'
 
   @property
   def regressions(self) -> list[verdicts.Row]:
     return [r for r in self.rows if r.verdict == "regression"]
+
+  @property
+  def judgeable(self) -> int:
+    """Pairs whose two trials both ran to a result."""
+    return sum(p.base.status != "failed" and p.head.status != "failed" for p in self.pairs)
 
 
 # runner(side, trial, trial_dir): runs one trial, leaving trial_dir/result.json.
@@ -76,55 +88,49 @@ def subprocess_runner(side: SideSpec, trial: Trial, trial_dir: str) -> object:
                                      cwd=side.env.code, env=side.env.variables())
 
 
+def prepare_side(repo: str, label: str, rev: revisions.Revision, suites: Sequence[Suite],
+                 options: "Options", deferred: Sequence[str] = (),
+                 validator: validate.Validator = validate.subprocess_validator,
+                 log=print) -> SideSpec:
+  """Checks out one revision and picks its environment; compiles the configs of the
+  suites named in `deferred` (those validate.check_revisions could not: no
+  environment could load that revision's code before it was built)."""
+  code = revisions.worktree(repo, rev.sha)
+  env = environments.for_revision(repo, rev, code, log)
+  log(f"{label}: {rev.describe()} in {code}; runs in {env.note}")
+  side = SideSpec(label, rev, env)
+  for suite in suites:
+    if suite.name in deferred:
+      trials = validate.trials_at(code, suite, options, label, rev)[1]
+      try:
+        validator(env.python, code, validate.distinct_configs(list(trials.values())))
+      except UserError as e:
+        raise UserError(f"--suite={suite.name} at the {label} revision {rev.describe()}: "
+                        f"{e}") from None
+  return side
+
+
 def prepare_sides(repo: str, base: revisions.Revision, head: revisions.Revision,
+                  suites: Sequence[Suite] = (), options: "Options | None" = None,
+                  deferred: dict | None = None,
+                  validator: validate.Validator = validate.subprocess_validator,
                   log=print) -> tuple[SideSpec, SideSpec]:
   """Checks out both revisions and picks each one's environment."""
-  sides = []
-  for label, rev in (("base", base), ("head", head)):
-    code = revisions.worktree(repo, rev.sha)
-    env = environments.for_revision(repo, rev, code, log)
-    log(f"{label}: {rev.describe()} in {code}; runs in {env.note}")
-    sides.append(SideSpec(label, rev, env))
-  return sides[0], sides[1]
-
-
-def check_suites(repo: str, revs: dict[str, revisions.Revision],
-                 suites: Sequence[Suite]) -> None:
-  """Every suite's sweep file exists at every revision ({label: revision})."""
-  for label, rev in revs.items():
-    for suite in suites:
-      if not revisions.has_path(repo, rev.sha, suite.sweep):
-        raise UserError(
-            f"--suite={suite.name}: the {label} revision {rev.describe()} has no "
-            f"{suite.sweep}, so it cannot run that suite (it was added or renamed later). "
-            f"Choose a {label} revision that has it, or A/B the other suites.")
+  deferred = deferred or {}
+  return tuple(prepare_side(repo, label, rev, suites, options or Options(),
+                            deferred.get(label, ()), validator, log)
+               for label, rev in (("base", base), ("head", head)))
 
 
 def design(suite: Suite, options: Options) -> tuple[tuple | None, tuple | None, int]:
   """(configurations or None for all, seeds or None for the sweep's, rounds) an A/B runs:
   the options' where given, else the suite's default design."""
-  configs = suite.configs if options.configs is None else options.configs
-  if configs is not None and ALL_CONFIGS in configs:
-    configs = None
-  seeds = suite.seeds if options.seeds is None else options.seeds
+  configs, seeds = validate.design(suite, options)
   return configs, seeds, options.rounds or suite.rounds
 
 
 def _trials(side: SideSpec, suite: Suite, options: Options) -> tuple[sweep_file.Sweep, dict]:
-  sweep = sweep_file.load(os.path.join(side.env.code, suite.sweep))
-  configs, seeds, _ = design(suite, options)
-  trials = sweep_file.expand(sweep, seeds=seeds, extra_bindings=options.bindings)
-  if configs is not None:
-    known = {t.config for t in trials}
-    unknown = [c for c in configs if c not in known]
-    if unknown:
-      given = (f"--configs={','.join(configs)}" if options.configs is not None
-               else f"suite {suite.name}'s default configurations ({', '.join(configs)})")
-      raise UserError(f"{given}: {unknown} not in {suite.sweep} at {side.label} "
-                      f"{side.rev.short} (it has {', '.join(sorted(known))}; "
-                      f"--configs=all runs every one).")
-    trials = [t for t in trials if t.config in configs]
-  return sweep, {t.name: t for t in trials}
+  return validate.trials_at(side.env.code, suite, options, side.label, side.rev)
 
 
 def _judged(sweep: sweep_file.Sweep, options: Options) -> list[str]:
@@ -183,12 +189,12 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
   head_sweep, head_trials = _trials(head, suite, options)
   _, base_trials = _trials(base, suite, options)
   names = [n for n in head_trials if n in base_trials]
-  if not names:
+  if not names:   # validate.check_revisions refuses this before anything runs.
     raise UserError(f"--suite={suite.name}: the two revisions' {suite.sweep} share no trial "
                     f"(base has {sorted(base_trials)[:3]}..., head {sorted(head_trials)[:3]}...).")
   rounds = design(suite, options)[2]
   plan = schedule(names, rounds)
-  started, pairs, kept = time.monotonic(), [], []
+  started, pairs, kept, failed = time.monotonic(), [], [], []
   log(f"{suite.name}: {len(names)} trials x {rounds} round(s) x 2 sides = {2 * len(plan)} "
       f"runs, ABBA order")
   for i, (r, name, order) in enumerate(plan, 1):
@@ -197,6 +203,9 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
       trial = (base_trials if side.label == "base" else head_trials)[name]
       trial_dir = os.path.join(workdir, suite.name, side.label, name, f"round={r}")
       outcome[side.label] = _run_side(side, trial, trial_dir, runner)
+      if outcome[side.label][0].status == "failed":
+        failed.append(f"{side.label} {side.rev.short} {name} round={r} (see "
+                      f"{os.path.join(trial_dir, sweep_lib.LOG_FILE)})")
     trial = head_trials[name]
     pair = verdicts.Pair(trial.config, trial.seed, r, order, outcome["base"][0],
                          outcome["head"][0])
@@ -210,5 +219,6 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
                result.target_metric if result else "?", higher, judged, rounds, pairs,
                verdicts.rows(pairs, judged, higher, options.min_effects),
                sorted(set(base_trials) - set(head_trials)),
-               sorted(set(head_trials) - set(base_trials)), time.monotonic() - started)
+               sorted(set(head_trials) - set(base_trials)), time.monotonic() - started,
+               failed)
   return ab, kept

@@ -33,13 +33,31 @@ def _sides(sides: Sequence[SideSpec]) -> list[str]:
 
 def _summary(abs_: Sequence[SuiteAB]) -> str:
   count = lambda v: sum(r.verdict == v for ab in abs_ for r in ab.rows)  # noqa: E731
+  failed = sum(len(ab.failed) for ab in abs_)
+  unjudged = [ab.suite for ab in abs_ if not ab.judgeable]
   return (f"{count(paired.REGRESSION)} regression(s), {count(paired.IMPROVEMENT)} "
           f"improvement(s), {count(paired.NO_CHANGE)} unchanged, {count(paired.NO_VERDICT)} "
-          f"without a verdict; exit code {exit_code(abs_)}")
+          f"without a verdict"
+          + (f", {failed} failed trial(s)" if failed else "")
+          + (f", no judgeable pair in {', '.join(unjudged)}" if unjudged else "")
+          + f"; exit code {exit_code(abs_)}")
 
 
 def exit_code(abs_: Sequence[SuiteAB]) -> int:
-  return 1 if any(ab.regressions for ab in abs_) else 0
+  """1 on a regression, a failed trial, or a suite with no pair to judge; else 0."""
+  bad = any(ab.regressions or ab.failed or not ab.judgeable for ab in abs_)
+  return 1 if bad else 0
+
+
+def problems(abs_: Sequence[SuiteAB]) -> list[str]:
+  """Why the A/B failed beyond its verdicts: each failed trial, each unjudgeable suite."""
+  lines = []
+  for ab in abs_:
+    if not ab.judgeable:
+      lines.append(f"{ab.suite}: no judgeable pair (no pair of trials both ran to a result): "
+                   f"nothing was compared")
+    lines += [f"{ab.suite}: FAILED trial {name}" for name in ab.failed]
+  return lines
 
 
 def _notes(ab: SuiteAB) -> list[str]:
@@ -60,6 +78,7 @@ def format_text(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str
                "order and round modelled, paired.order_estimate) at "
                "the row's level (95% over the rows judged together, Bonferroni); a verdict "
                "needs the interval clear of 1 and the ratio beyond the minimum effect.")
+  lines += problems(abs_)
   lines.append(_summary(abs_))
   return "\n".join(lines)
 
@@ -72,12 +91,13 @@ def _markdown(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str) 
   out += ["", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
   out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
           for ab in abs_ for row in _cells(ab)]
-  out += ["", _summary(abs_), ""]
+  out += [""] + [f"- {line}" for line in problems(abs_)] + ["", _summary(abs_), ""]
   return "\n".join(out)
 
 
 def _to_dict(ab: SuiteAB) -> dict:
   d = {k: v for k, v in dataclasses.asdict(ab).items() if k not in ("rows", "pairs")}
+  d["judgeable_pairs"] = ab.judgeable
   d["rows"] = [r.to_dict() for r in ab.rows]
   d["pairs"] = [dataclasses.asdict(p) for p in ab.pairs]
   return d

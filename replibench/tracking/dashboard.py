@@ -4,7 +4,10 @@ One section per machine fingerprint, one chart per suite, configuration and
 metric: each trial a dot, each commit's median a line, each change point a
 dashed line at the first commit of the new level, labelled with its commit and
 change (red: regression, green: improvement). On top, the list of detected
-changes with their commits. The page has no script and loads nothing: the
+changes with their commits, and where commits are not comparable as they stand:
+series whose commits ran different seeds (their levels compare each commit on the
+seeds it shares, history.py) and commits that ran other configurations than the
+rest of their suite. The page has no script and loads nothing: the
 charts are inline SVG (matplotlib). The detected changes are also embedded as
 JSON (`<script type="application/json" id="changes">`) for tools and tests.
 """
@@ -59,6 +62,9 @@ def _chart(s: history.Series) -> str:
   for x, p in zip(xs, s.points):
     ax.plot([x] * len(p.values), p.values, ".", color="#90a4ae", markersize=4)
   ax.plot(list(xs), [p.median for p in s.points], "-", color="#1565c0", linewidth=1.4)
+  for x, p in zip(xs, s.points):
+    if not p.shares_seeds:   # Its level is a plain median: not comparable, so marked.
+      ax.plot([x], [p.median], "x", color="#ef6c00", markersize=6)
   for c in s.changes:
     ax.axvline(c.index - 0.5, color=COLOURS[c.kind], linestyle="--", linewidth=1.2)
     ax.annotate(f"{c.commit[:7]} {c.change:+.0%}", (c.index - 0.5, 1.0),
@@ -67,7 +73,8 @@ def _chart(s: history.Series) -> str:
   ax.set_xticks(list(xs))
   ax.set_xticklabels([p.commit[:7] for p in s.points], rotation=60, fontsize=6)
   ax.tick_params(axis="y", labelsize=7)
-  ax.set_title(f"{s.config}: {LABELS.get(s.metric, s.metric)}", fontsize=8)
+  ax.set_title(f"{s.config}: {LABELS.get(s.metric, s.metric)}"
+               + (" (seed-adjusted: seed sets differ)" if s.seed_note else ""), fontsize=8)
   fig.tight_layout()
   buffer = io.StringIO()
   fig.savefig(buffer, format="svg")
@@ -101,8 +108,35 @@ def _changes_json(series: Sequence[history.Series]) -> str:
   return json.dumps(data).replace("</", "<\\/")
 
 
+def _config_notes(records: Sequence[store.Record]) -> list[str]:
+  """One line per (machine, suite) whose commits ran different sets of configurations."""
+  notes = []
+  groups: dict[tuple, dict[str, set]] = {}
+  for r in records:
+    groups.setdefault((r.machine, r.suite), {}).setdefault(r.commit, set()).add(r.config)
+  for (machine, suite), by_commit in sorted(groups.items()):
+    every = set().union(*by_commit.values())
+    short = {c[:7]: sorted(every - cs) for c, cs in by_commit.items() if cs != every}
+    if short:
+      lacking = "; ".join(f"{c} lacks {', '.join(m)}" for c, m in short.items())
+      notes.append(f"{machine} / {suite}: configuration sets differ between commits "
+                   f"({lacking}): each chart holds the commits that ran its configuration.")
+  return notes
+
+
+def _notes(series: Sequence[history.Series], records: Sequence[store.Record],
+           left_out: str) -> list[str]:
+  lines = [html.escape(left_out)] if left_out else []
+  lines += [html.escape(n) for n in _config_notes(records)]
+  lines += [html.escape(f"{s.machine} / {s.suite} / {s.config} / {LABELS.get(s.metric, s.metric)}"
+                        f": {s.seed_note}") for s in series if s.seed_note]
+  if not lines:
+    return ["<p>Every commit of each series ran the same seeds and configurations.</p>"]
+  return ["<ul>"] + [f"<li>{line}</li>" for line in lines] + ["</ul>"]
+
+
 def render(records: Sequence[store.Record], out_dir: str, repo: str | None = None,
-           source: str = "") -> str:
+           source: str = "", left_out: str = "") -> str:
   """Writes out_dir/index.html for these records; returns its path."""
   series = history.all_series(records)
   subjects = _subjects(repo, sorted({p.commit for s in series for p in s.points}))
@@ -112,12 +146,15 @@ def render(records: Sequence[store.Record], out_dir: str, repo: str | None = Non
           f"with a t-test (Apache Otava), p &lt; {history.MAX_PVALUE}, level change above "
           f"{history.MIN_MAGNITUDE:.0%}. A change point says when to look; "
           f"<code>make bench-ab BASE=&lt;commit before&gt; HEAD=&lt;commit&gt;</code> decides.</p>",
-          "<h2>Detected changes</h2>", *_changes_table(series, subjects)]
+          "<h2>Detected changes</h2>", *_changes_table(series, subjects),
+          "<h2>Comparability</h2>", *_notes(series, records, left_out)]
   for machine in sorted({s.machine for s in series}):
     info = next((r.machine_info for r in records if r.machine == machine and r.machine_info), {})
-    flags = " ".join(info.get("flags", []))
-    body.append(f"<h2>{html.escape(machine)}</h2><p>{html.escape(info.get('cpu', ''))}, "
-                f"{info.get('cores', '?')} cores, flags: {html.escape(flags)}</p>")
+    flags = " ".join(map(str, info.get("flags") or [])) if isinstance(
+        info.get("flags"), list) else ""
+    body.append(f"<h2>{html.escape(machine)}</h2><p>{html.escape(str(info.get('cpu', '')))}, "
+                f"{html.escape(str(info.get('cores', '?')))} cores, flags: "
+                f"{html.escape(flags)}</p>")
     for suite in sorted({s.suite for s in series if s.machine == machine}):
       body.append(f"<h3>{suite}</h3>")
       for metric in history.JUDGED:

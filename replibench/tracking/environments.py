@@ -84,10 +84,21 @@ def for_revision(repo: str, rev: revisions.Revision, code: str,
   return _own_environment(repo, code, reqs, missing, log)
 
 
+def _env_path(repo: str, reqs: list[str]) -> str:
+  key = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
+  return os.path.join(repo, ENVS, key)
+
+
+def built(repo: str, reqs: list[str]) -> str | None:
+  """The interpreter of the environment made for reqs, if it is built (else None)."""
+  path = _env_path(repo, reqs)
+  return os.path.join(path, "bin", "python") if os.path.exists(
+      os.path.join(path, ".installed")) else None
+
+
 def _own_environment(repo: str, code: str, reqs: list[str], missing: list[str],
                      log) -> Environment:
-  key = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()[:12]
-  path = os.path.join(repo, ENVS, key)
+  path = _env_path(repo, reqs)
   python = os.path.join(path, "bin", "python")
   stamp = os.path.join(path, ".installed")
   if not os.path.exists(stamp):

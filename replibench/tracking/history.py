@@ -2,13 +2,27 @@
 
 A series is one machine, suite, configuration and metric: its commits in
 commit-date order, each with the values of every trial recorded for it (seeds,
-rounds, bench runs and A/B sides alike) and their median. Change points are
-found on the medians by E-divisive means with a t-test (Matteson & James 2014;
+rounds, bench runs and recorded A/B sides alike) and its level. Which commits the
+callers give it is their rule (commands.py: the main line's by default).
+
+Commits are compared on the seeds they share, never on whichever seeds each ran: a
+seed's value is a property of the seed as much as of the code (ResNet's steps to
+target differ by seed and are identical for a seed on unchanged code), so a
+commit that ran seeds 1-7 after one that ran 1-5 would otherwise "move" by the
+change of seed set alone. A commit's level is therefore seed-adjusted: the median
+over its seeds that some other commit of the series also ran of value / (that
+seed's median over the series' commits), times the median of those seed medians
+(a two-way fixed-effects level; with one seed set throughout it is the usual
+median up to a constant). A commit that shares no seed with another keeps its
+plain median and is flagged. Where the seed sets differ the series says so
+(`seed_note`), and the page shows it. Change points are found on the levels by
+E-divisive means with a t-test (Matteson & James 2014;
 Fleming et al. 2023, "Hunter": MongoDB's method, maintained as Apache Otava),
 through `otava.analysis.compute_change_points`.
 """
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -30,11 +44,15 @@ WINDOW = 30
 class Point:
   commit: str
   commit_time: str
-  values: tuple[float, ...]
+  values: tuple[float, ...]     # every trial's value (for the dots)
+  seeds: tuple[int, ...] = ()   # the seeds those trials ran
+  level: float = math.nan       # seed-adjusted (module docstring); NaN: plain median
+  shares_seeds: bool = True     # False: no seed in common with another commit
 
   @property
   def median(self) -> float:
-    return float(np.median(self.values))
+    """The point's level: seed-adjusted where it shares seeds, else the plain median."""
+    return self.level if math.isfinite(self.level) else float(np.median(self.values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,16 +79,61 @@ class Series:
   points: tuple[Point, ...]
   changes: tuple[Change, ...] = ()
 
+  @property
+  def seed_note(self) -> str:
+    """'' when every commit ran the same seeds; else which ran which (for the page)."""
+    sets = {p.seeds for p in self.points}
+    if len(sets) <= 1:
+      return ""
+    shown = "; ".join(f"{p.commit[:7]}: {_ranges(p.seeds)}" for p in self.points)
+    lone = [p.commit[:7] for p in self.points if not p.shares_seeds]
+    return (f"seed sets differ between commits ({shown}): levels compare each commit on "
+            f"the seeds it shares with the others"
+            + (f"; {', '.join(lone)} share(s) none (plain median, not comparable)"
+               if lone else ""))
+
+
+def _ranges(seeds: Sequence[int]) -> str:
+  """(1, 2, 3, 5) -> '1-3, 5'."""
+  out, run = [], []
+  for s in sorted(seeds):
+    if run and s == run[-1] + 1:
+      run.append(s)
+      continue
+    if run:
+      out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    run = [s]
+  if run:
+    out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+  return ", ".join(out) or "none"
+
 
 def series(records: Sequence[store.Record], metric: str) -> tuple[Point, ...]:
-  """One series' points: commits ordered by commit date (then first record)."""
+  """One series' points: commits ordered by commit date (then first record), each
+  with its seed-adjusted level (module docstring)."""
   by_commit: dict[str, list[store.Record]] = {}
   for r in sorted(records, key=lambda r: (r.commit_time, r.recorded)):
     value = r.metrics.get(metric)
     if value is not None and np.isfinite(value):
       by_commit.setdefault(r.commit, []).append(r)
-  return tuple(Point(c, rs[0].commit_time, tuple(float(r.metrics[metric]) for r in rs))
-               for c, rs in by_commit.items())
+  # {commit: {seed: median of that seed's trials (rounds, repeated runs)}}
+  per_seed = {c: {s: float(np.median([float(r.metrics[metric]) for r in rs if r.seed == s]))
+                  for s in {r.seed for r in rs}} for c, rs in by_commit.items()}
+  commits_of: dict[int, list[str]] = {}
+  for c, values in per_seed.items():
+    for s in values:
+      commits_of.setdefault(s, []).append(c)
+  shared = {s for s, cs in commits_of.items() if len(cs) > 1}
+  seed_ref = {s: float(np.median([per_seed[c][s] for c in commits_of[s]])) for s in shared}
+  scale = float(np.median(list(seed_ref.values()))) if seed_ref else math.nan
+  points = []
+  for c, rs in by_commit.items():
+    mine = [s for s in per_seed[c] if s in shared and seed_ref[s] > 0]
+    level = (scale * float(np.median([per_seed[c][s] / seed_ref[s] for s in mine]))
+             if mine else math.nan)
+    points.append(Point(c, rs[0].commit_time, tuple(float(r.metrics[metric]) for r in rs),
+                        tuple(sorted(per_seed[c])), level, bool(mine) or len(by_commit) == 1))
+  return tuple(points)
 
 
 def _detector():

@@ -1,11 +1,19 @@
-"""Turning runs into history records: an A/B's trials and a `make bench` sweep's."""
+"""Turning runs into history records: an A/B's trials and a `make bench` sweep's.
 
+Only trials that ran to a result enter the history: a failed trial (no result.json,
+or status 'failed') measured nothing; the command that ran it exits 1 and names it.
+A sweep is recorded only under the suite whose sweep file it ran (its sweep.json
+names the file), and only when every trial ran from one committed revision.
+"""
+
+import dataclasses
 import os
 
-from replibench import results
+from replibench import atomic, results
 from replibench.errors import UserError
 from replibench.suite import results as suite_results
 from replibench.tracking import machine, revisions, store
+from replibench.tracking.suites import Suite
 
 SWEEP_MANIFEST = suite_results.MANIFEST_FILE
 
@@ -33,45 +41,112 @@ def from_result(result: results.RunResult | None, *, commit: str, commit_time: s
       target=result.target if result else None,
       higher_is_better=result.higher_is_better if result else True,
       calibration=(result.machine or {}).get("calibration") if result else None,
-      machine_info=info)
+      machine_info=info, tf_version=(result.tf_version or "") if result else "")
+
+
+def failed(result: results.RunResult | None) -> bool:
+  """A trial that measured nothing: no readable result, or status 'failed'."""
+  return result is None or result.status == results.FAILED
 
 
 def from_ab(kept: list, suite: str, run_id: str) -> list[store.Record]:
-  """Records for every trial of one suite's A/B; kept: (side, pair, result) triples."""
+  """Records for every trial of one suite's A/B that ran to a result; kept: (side, pair,
+  result) triples."""
   info = machine.describe()
   fingerprint = machine.fingerprint(info)
-  return [from_result(result, commit=side.rev.sha, commit_time=side.rev.time, suite=suite,
-                      config=pair.config, seed=pair.seed, round_=pair.round, source="ab",
-                      run_id=run_id, fingerprint=fingerprint, info=info)
-          for side, pair, result in kept]
+  return [dataclasses.replace(
+              from_result(result, commit=side.rev.sha, commit_time=side.rev.time, suite=suite,
+                          config=pair.config, seed=pair.seed, round_=pair.round, source="ab",
+                          run_id=run_id, fingerprint=fingerprint, info=info), side=side.label)
+          for side, pair, result in kept if not failed(result)]
 
 
-def from_sweep(sweep_dir: str, suite: str, repo: str) -> tuple[list[store.Record], str]:
-  """Records for a finished sweep's trials, and why any were left out ('' if none).
+# The kernel flags result.json's machine record lists too (harness/provenance.ISA_FLAGS).
+_COMPARED_FLAGS = set(machine.KERNEL_FLAGS) - {"avx_vnni"}
+
+
+def check_ran_here(sweep_dir: str, found: list, info: dict) -> None:
+  """UserError when a trial's result.json names another CPU or other kernel flags than
+  this machine's: its figures belong to another machine's series (results that name no
+  CPU are taken as this machine's)."""
+  here = (info["cpu"], set(info["flags"]) & _COMPARED_FLAGS)
+  for trial, result in found:
+    ran = result.machine if result is not None else None
+    if ran is None or not ran.cpu:
+      continue
+    there = (ran.cpu, set(ran.isa_flags) & _COMPARED_FLAGS)
+    if there != here:
+      raise UserError(f"{sweep_dir}: trial {trial} ran on {ran.cpu} "
+                      f"({' '.join(sorted(there[1]))}), not on this machine ({here[0]}, "
+                      f"{' '.join(sorted(here[1]))}); the history records a sweep on the "
+                      f"machine that ran it: record it there.")
+
+
+def check_sweep_of_suite(sweep_dir: str, suite: Suite) -> list[str]:
+  """The trial names the sweep planned; UserError unless sweep_dir is a sweep directory
+  that ran suite's sweep file as the file defines it."""
+  if not os.path.isdir(sweep_dir):
+    what = "is not a directory" if os.path.exists(sweep_dir) else "no such directory"
+    raise UserError(f"{sweep_dir}: {what} (give the sweep directory of a finished "
+                    f"`make bench` suite, e.g. runs/bench-<id>/{suite.name}).")
+  manifest = os.path.join(sweep_dir, SWEEP_MANIFEST)
+  try:
+    data = atomic.read_json(manifest, None)
+  except (OSError, ValueError):   # A directory or garbage (JSON, Unicode errors: ValueError).
+    data = None
+  ran = data.get("sweep_file") if isinstance(data, dict) else None
+  if not isinstance(ran, str):
+    raise UserError(f"{sweep_dir}: has no readable {SWEEP_MANIFEST} naming its sweep file, so "
+                    f"which suite it ran cannot be told; the history records only sweeps "
+                    f"`replibench sweep` made.")
+  if not os.path.normpath(ran).endswith(os.sep + os.path.normpath(suite.sweep)):
+    raise UserError(f"--suite={suite.name}: {sweep_dir} ran {ran}, not the suite's "
+                    f"{suite.sweep}; record it under the suite whose sweep file it ran.")
+  extras = [*(data.get("extra_gin_files") or []), *(data.get("extra_bindings") or [])]
+  if extras:   # e.g. bench-smoke's toy scale: not the suite's measurement.
+    raise UserError(f"--suite={suite.name}: {sweep_dir} ran {suite.sweep} with "
+                    f"{'; '.join(map(str, extras))[:200]} added to every trial, so its "
+                    f"figures are not the suite's; the history records the suite as its "
+                    f"sweep file defines it (make bench).")
+  return [t["name"] for t in data.get("trials") or []
+          if isinstance(t, dict) and isinstance(t.get("name"), str)]
+
+
+def from_sweep(sweep_dir: str, suite: Suite, repo: str) -> tuple[list[store.Record], str,
+                                                                  list[str]]:
+  """(records for a finished sweep's trials that ran to a result, why none were kept
+  ('' if some were), the failed trials left out).
 
   The commit is the one every trial's result.json names; a sweep whose trials ran
   from a dirty checkout or from several commits is not recorded (its figures
   belong to no commit).
   """
+  planned = check_sweep_of_suite(sweep_dir, suite)
   found = suite_results.find_results(sweep_dir)
   if not found:
     raise UserError(f"{sweep_dir} holds no result.json: nothing to record.")
-  shas = {r.git_sha for _, r in found if r is not None}
-  if len(shas) != 1 or not next(iter(shas)) or next(iter(shas)).endswith("-dirty") \
-      or next(iter(shas)) == "unknown":
-    return [], (f"not recorded in the history: its trials ran from {', '.join(sorted(shas))} "
-                f"(a history entry needs one committed revision)")
-  rev = revisions.resolve(repo, next(iter(shas)), "git_sha")
   info = machine.describe()
+  check_ran_here(sweep_dir, found, info)
+  left_out = [trial for trial, result in found if failed(result)]
+  # A trial that died before writing result.json failed too: the manifest names it.
+  left_out += [f"{name} (no result.json)" for name in planned
+               if name not in {trial for trial, _ in found}]
+  found = [(trial, result) for trial, result in found if not failed(result)]
+  if not found:
+    return [], "not recorded in the history: every trial failed", left_out
+  shas = {r.git_sha for _, r in found}
+  sha = next(iter(shas))
+  if len(shas) != 1 or not sha or sha.endswith("-dirty") or sha == "unknown":
+    return [], (f"not recorded in the history: its trials ran from {', '.join(sorted(shas))} "
+                f"(a history entry needs one committed revision)"), left_out
+  rev = revisions.resolve(repo, sha, "git_sha")
   fingerprint = machine.fingerprint(info)
   run_id = os.path.basename(os.path.normpath(os.path.dirname(os.path.abspath(sweep_dir))))
   records = []
   for trial_dir, result in found:
-    config, _, seed_part = trial_dir.rpartition(os.sep)
-    seed = result.seed if result else int(seed_part.partition("=")[2] or 0)
-    records.append(from_result(result, commit=rev.sha, commit_time=rev.time, suite=suite,
-                               config=config or "default", seed=seed, round_=0,
+    config = trial_dir.rpartition(os.sep)[0]
+    records.append(from_result(result, commit=rev.sha, commit_time=rev.time, suite=suite.name,
+                               config=config or "default", seed=result.seed, round_=0,
                                source="bench", run_id=run_id, fingerprint=fingerprint,
                                info=info))
-  return records, ""
-
+  return records, "", left_out

@@ -10,13 +10,10 @@ import dataclasses
 import os
 import subprocess
 
+from replibench import dirty
 from replibench.errors import UserError
 
 WORKTREES = os.path.join("runs", "ab", "worktrees")
-# Changes under these paths do not change what a benchmark measures: results and the
-# history store (which `make bench` itself appends to), and prose.
-IRRELEVANT_PREFIXES = ("results/", "runs/")
-IRRELEVANT_SUFFIXES = (".md",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +80,27 @@ def default_base(repo: str) -> str:
   return base if base != head else "HEAD~1"
 
 
+# The branch whose first-parent history is "the main line": the commits a machine's
+# history series hold and `make bench` compares with (a branch's or an A/B's commits
+# are not on it). The first of these that exists names it.
+MAIN_BRANCHES = ("main", "origin/main", "master", "origin/master")
+
+
+def main_line(repo: str) -> tuple[str, list[str]]:
+  """(the branch, its first-parent commits oldest first); HEAD's when none of
+  MAIN_BRANCHES exists."""
+  for branch in (*MAIN_BRANCHES, "HEAD"):
+    done = subprocess.run(["git", "-C", repo, "rev-list", "--first-parent", "--reverse",
+                           branch, "--"], capture_output=True, text=True, timeout=120)
+    if done.returncode == 0:
+      return branch, done.stdout.split()
+  return "HEAD", []
+
+
 def relevant_changes(repo: str) -> list[str]:
-  """Tracked files with uncommitted changes that could change a measurement."""
-  lines = git(repo, "status", "--porcelain", "--untracked-files=no").splitlines()
-  paths = [line[3:].split(" -> ")[-1] for line in lines if line.strip()]
-  return [p for p in paths if not p.startswith(IRRELEVANT_PREFIXES)
-          and not p.endswith(IRRELEVANT_SUFFIXES)]
+  """Tracked files with uncommitted changes that could change a measurement (the rule
+  provenance's '-dirty' follows too: replibench/dirty.py)."""
+  return dirty.relevant_changes(repo)
 
 
 def check_clean_for_head(repo: str, flag: str = "--head") -> None:

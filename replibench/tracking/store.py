@@ -8,16 +8,27 @@ histories is a merge of lines):
 Each line is a `Record`: the commit (and its committer date), the machine
 fingerprint and description, the suite, configuration, seed and round, where it
 came from (bench, ab), the run's status, its judged metrics and its machine
-calibration. `schema` is the record format's version; a line from a newer
-replibench, or one that is not a record, is a UserError naming the file and line.
+calibration, and the TensorFlow version it ran with. `schema` is the record format's
+version. Every line is validated as it is read (JSON, a record's fields and their
+types, the schema version): a bad one (garbage, a record of a newer replibench, a
+field of the wrong type) is skipped with a warning naming the file and line, so one
+damaged line never hides the rest of the history; a directory where a .jsonl file
+should be is skipped the same way.
+
+Only trials that ran to a result are recorded (record.py): a failed trial measures
+nothing, and its commit would otherwise enter the series with no value. A trial is
+recorded once (`key`): appending a resumed bench or an A/B run again adds nothing.
 """
 
 import dataclasses
 import datetime
 import json
 import os
-from typing import Iterable, Iterator
+import re
+import sys
+from typing import Callable, Iterable, Iterator
 
+from replibench import inputs
 from replibench.errors import UserError
 
 SCHEMA = 1
@@ -47,6 +58,8 @@ class Record:
   higher_is_better: bool = True
   calibration: dict | None = None
   machine_info: dict | None = None
+  tf_version: str = ""        # TensorFlow's version in the trial ('' in early records)
+  side: str = ""              # an A/B's 'base' or 'head' ('' for bench and early records)
   schema: int = SCHEMA
 
   @property
@@ -54,8 +67,30 @@ class Record:
     return self.status == "reached" and self.metrics.get("time_to_target_s") is not None
 
 
+# Each field's accepted types as JSON gives them (an int is accepted for a float).
+_NUMBER = (int, float)
+FIELD_TYPES = {
+    "commit": str, "commit_time": str, "machine": str, "suite": str, "config": str,
+    "seed": int, "status": str, "metrics": dict, "source": str, "run_id": str, "round": int,
+    "recorded": str, "workload": str, "target_metric": str, "target": (*_NUMBER, type(None)),
+    "higher_is_better": bool, "calibration": (dict, type(None)),
+    "machine_info": (dict, type(None)), "tf_version": str, "side": str, "schema": int}
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+REQUIRED = tuple(f.name for f in dataclasses.fields(Record)
+                 if f.default is dataclasses.MISSING)
+
+
 def root(path: str | None = None) -> str:
-  return path or os.environ.get(ENV_ROOT) or DEFAULT_ROOT
+  """The store's directory: path, else $REPLIBENCH_HISTORY, else results/history.
+  A UserError naming the variable (or path) when a file stands there."""
+  given = path or os.environ.get(ENV_ROOT)
+  where = path or (f"{ENV_ROOT}={given}" if given else DEFAULT_ROOT)
+  chosen = given or DEFAULT_ROOT
+  if os.path.exists(chosen) and not os.path.isdir(chosen):
+    raise UserError(f"{where}: is a file, not a directory; the history store is a directory "
+                    f"of <machine>/<suite>.jsonl files. Point {ENV_ROOT} at a directory "
+                    f"(or unset it for {DEFAULT_ROOT}).")
+  return chosen
 
 
 def _file(store: str, machine: str, suite: str) -> str:
@@ -66,49 +101,104 @@ def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def check_writable(store: str | None = None) -> str:
+  """The store's directory, checked to be one this process can make or write in (a
+  UserError naming $REPLIBENCH_HISTORY or the path otherwise): before trials run."""
+  path = root(store)
+  given = store or os.environ.get(ENV_ROOT)
+  inputs.output_directory(ENV_ROOT if given and not store else "history store", path)
+  return path
+
+
+def key(r: Record) -> tuple:
+  """What makes a record the same trial: recording a sweep or an A/B again (a resumed
+  `make bench BENCH_ID=...`, an A/B run again on its --workdir) must not count it twice."""
+  return (r.commit, r.config, r.seed, r.round, r.source, r.run_id, r.side)
+
+
 def append(records: Iterable[Record], store: str | None = None) -> int:
-  """Appends records to their machine's and suite's files; returns how many."""
+  """Appends records to their machine's and suite's files, leaving out those already
+  there (`key`); returns how many it appended."""
   by_file: dict[str, list[Record]] = {}
   for r in records:
     by_file.setdefault(_file(root(store), r.machine, r.suite), []).append(r)
+  for path in by_file:   # Check every target before the first write: all or nothing.
+    if os.path.exists(path) and not os.path.isfile(path):
+      raise UserError(f"{path}: is not a regular file, so the history cannot append to it; "
+                      f"move it away.")
+  appended = 0
   for path, rs in by_file.items():
+    known = {key(r) for _, r in _read_file(path, lambda message: None)}
+    new = list({key(r): r for r in rs if key(r) not in known}.values())
+    appended += len(new)
+    if not new:
+      continue
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    text = "".join(json.dumps(dataclasses.asdict(r), sort_keys=True) + "\n" for r in rs)
+    text = "".join(json.dumps(dataclasses.asdict(r), sort_keys=True) + "\n" for r in new)
     # One write of whole lines with O_APPEND: concurrent appenders never interleave a line.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
       os.write(fd, text.encode())
     finally:
       os.close(fd)
-  return sum(map(len, by_file.values()))
+  return appended
 
 
-def _parse(line: str, where: str) -> Record:
+def warn(message: str) -> None:
+  print(f"replibench history: warning: {message}", file=sys.stderr)
+
+
+def _type_error(raw: dict) -> str | None:
+  """What is wrong with a decoded line as a record (None when it is one)."""
+  missing = [k for k in REQUIRED if k not in raw]
+  if missing:
+    return f"missing field(s) {', '.join(missing)}"
+  for key, types in FIELD_TYPES.items():
+    types = types if isinstance(types, tuple) else (types,)
+    value = raw.get(key)
+    # bool is an int to isinstance: true/false is no seed or round.
+    if key in raw and (not isinstance(value, types) or isinstance(value, bool)
+                       and bool not in types):
+      return f"field {key!r} is {type(value).__name__} {value!r:.40}"
+  if not _SHA.fullmatch(raw["commit"]):   # It reaches git's command line: never an option.
+    return f"field 'commit' is not a full commit id: {raw['commit']!r:.50}"
+  bad = [k for k, v in raw["metrics"].items()
+         if v is not None and (isinstance(v, bool) or not isinstance(v, _NUMBER))]
+  if bad:
+    return f"metric(s) {', '.join(map(repr, bad))} not a number"
+  return None
+
+
+def parse(line: bytes | str, where: str) -> Record:
+  """One line of a .jsonl file as a Record; a UserError naming `where` otherwise."""
   try:
-    raw = json.loads(line)
+    text = line.decode("utf-8") if isinstance(line, bytes) else line
+    raw = json.loads(text)
+  except UnicodeDecodeError:
+    raise UserError(f"{where}: not UTF-8 text (binary garbage?)") from None
   except json.JSONDecodeError as e:
-    raise UserError(f"{where}: not a JSON line ({e.msg}); the history store holds one "
-                    f"JSON record a line. Remove or repair that line.") from None
+    raise UserError(f"{where}: not a JSON line ({e.msg})") from None
   if not isinstance(raw, dict):
-    raise UserError(f"{where}: a JSON {type(raw).__name__}, not a history record.")
+    raise UserError(f"{where}: a JSON {type(raw).__name__}, not a history record")
   schema = raw.get("schema", 0)
-  if not isinstance(schema, int) or schema > SCHEMA:
-    raise UserError(f"{where}: record schema {schema!r}, newer than this replibench's "
-                    f"({SCHEMA}); update replibench to read it.")
+  if not isinstance(schema, int) or isinstance(schema, bool) or schema > SCHEMA:
+    raise UserError(f"{where}: record schema {schema!r}, not one this replibench reads "
+                    f"(<= {SCHEMA}; a newer replibench wrote it?)")
+  problem = _type_error(raw)
+  if problem:
+    raise UserError(f"{where}: not a history record ({problem})")
   fields = {f.name for f in dataclasses.fields(Record)}
-  try:
-    return Record(**{k: v for k, v in raw.items() if k in fields})
-  except TypeError as e:
-    raise UserError(f"{where}: not a history record ({e}).") from None
+  return Record(**{k: v for k, v in raw.items() if k in fields})
 
 
 def read(store: str | None = None, machine: str | None = None,
-         suite: str | None = None) -> list[Record]:
-  """Every record in the store, optionally of one machine and suite."""
-  return list(_iter(root(store), machine, suite))
+         suite: str | None = None, warn: Callable[[str], None] = warn) -> list[Record]:
+  """Every valid record in the store, optionally of one machine and suite; each line
+  that is not one is skipped with warn('FILE:LINE: why ...')."""
+  return list(_iter(root(store), machine, suite, warn))
 
 
-def _iter(store: str, machine: str | None, suite: str | None) -> Iterator[Record]:
+def _iter(store: str, machine: str | None, suite: str | None, warn) -> Iterator[Record]:
   if not os.path.isdir(store):
     return
   for m in sorted(os.listdir(store)):
@@ -118,10 +208,30 @@ def _iter(store: str, machine: str | None, suite: str | None) -> Iterator[Record
       if not name.endswith(".jsonl") or suite is not None and name != f"{suite}.jsonl":
         continue
       path = os.path.join(store, m, name)
-      with open(path) as f:
-        for i, line in enumerate(f, 1):
-          if line.strip():
-            yield _parse(line, f"{path}:{i}")
+      if not os.path.isfile(path):
+        warn(f"{path}: not a regular file (a directory?); skipped.")
+        continue
+      for i, record in _read_file(path, warn):
+        if (record.machine, record.suite) == (m, name[:-len(".jsonl")]):
+          yield record
+        else:
+          warn(f"{path}:{i}: a record of machine {record.machine!r} and suite "
+               f"{record.suite!r} in another machine's or suite's file; line skipped.")
+
+
+def _read_file(path: str, warn) -> Iterator[tuple[int, Record]]:
+  """(line number, record) for the valid records of one .jsonl file (none if it does
+  not exist)."""
+  if not os.path.isfile(path):
+    return
+  with open(path, "rb") as f:   # Bytes: a line of garbage must not stop the file.
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        yield i, parse(line, f"{path}:{i}")
+      except UserError as e:
+        warn(f"{e}; line skipped (repair or remove it).")
 
 
 def machines(store: str | None = None) -> list[str]:
@@ -130,7 +240,14 @@ def machines(store: str | None = None) -> list[str]:
       if os.path.isdir(path) else []
 
 
-def newest_commit(records: list[Record], exclude: str | None = None) -> str | None:
-  """The commit recorded last (by append time) other than `exclude`."""
+def newest_commit(records: list[Record], exclude: str | None = None,
+                  main_line: list[str] | None = None) -> str | None:
+  """The newest commit with records, other than `exclude`: with main_line (the main
+  line's shas, oldest first), the one latest on it (records of other commits are not
+  candidates); without, the one recorded last."""
   candidates = [r for r in records if r.commit != exclude]
+  if main_line is not None:
+    position = {sha: i for i, sha in enumerate(main_line)}
+    on_line = [r for r in candidates if r.commit in position]
+    return max(on_line, key=lambda r: position[r.commit]).commit if on_line else None
   return max(candidates, key=lambda r: (r.recorded, r.commit_time)).commit if candidates else None

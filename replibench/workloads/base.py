@@ -50,6 +50,12 @@ class Workload(abc.ABC):
   def examples_per_epoch(self) -> int:
     """Training examples in one epoch."""
 
+  def model_parallel_refusal(self) -> str | None:
+    """Why this workload's models cannot span devices (a replica over a mesh's model
+    axis), with what to do instead; None when they can (the default: the model builder
+    is wrapped as README's Model parallelism section shows)."""
+    return None
+
   def check_config(self, spec: TrainSpec) -> None:
     """Raises UserError if the workload's own configuration cannot work (e.g. a model
     binding that does not build). Called at config time, outside any strategy, by

@@ -144,6 +144,13 @@ class D4PG(Workload):
     return self.networks_fn(obs.shape, action.minimum, action.maximum,
                             pixels=self.env_config.pixels)
 
+  def model_parallel_refusal(self) -> str | None:
+    return ("D4PG's policy and critic have no tensor-parallel or pipelined form (model "
+            "parallelism splits ResNet and SN-GAN, configs/{resnet,sngan}/{tensor_parallel,"
+            "pipeline}.gin); scale D4PG's learner by data parallelism instead: "
+            "Experiment.topology = @topology.Local() with more replicas, or worker "
+            "processes (configs/d4pg/learner_scaling.sweep)")
+
   def check_config(self, spec: TrainSpec) -> None:
     try:
       with precision.policy_scope(spec.precision):

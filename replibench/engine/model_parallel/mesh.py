@@ -238,6 +238,9 @@ def check_split(layout: layout_lib.Layout) -> None:
   if layout.parallelism == layout_lib.PIPELINE and not layout.pipelines:
     raise UserError(
         "topology.Mesh.parallelism = 'pipeline' but the workload built no pipelined model: "
-        "wrap its model builder (ImageClassification.model = @model_parallel.pipelined, "
-        "model_parallel.pipelined.builder = @small_resnet, and the split, e.g. "
-        "model_parallel.pipelined.split = @resnet_pieces).")
+        "wrap its model builder in @model_parallel.pipelined (ResNet: "
+        "ImageClassification.model = @model_parallel.pipelined, model_parallel.pipelined."
+        "builder = @small_resnet, model_parallel.pipelined.split = @resnet_pieces; SN-GAN: "
+        "ConditionalGAN.generator = @generator/model_parallel.pipelined with "
+        "generator/model_parallel.pipelined.builder = @sngan_generator, and the same for "
+        "the discriminator; configs/{resnet,sngan}/pipeline.gin hold them).")
