@@ -124,12 +124,39 @@ class Replicator(BaseReplicator):
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
                  spec: TrainSpec | int, start_step: int = 0):
-    """A distributed dataset: each replica gets its own per-replica batch."""
+    """A distributed dataset: each replica gets its own per-replica batch, the one it
+    gets from the same config in one process (worker processes: _one_process_input)."""
+    if self.num_workers > 1 and not getattr(input_fn, "per_worker_input", False):
+      return self._one_process_input(input_fn, spec, start_step)
     spec = self.as_spec(spec)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       return input_fn(spec.input_context(tf_ctx.input_pipeline_id, tf_ctx.num_input_pipelines,
                                          start_step))
+
+    return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+  def _one_process_input(self, input_fn, spec: TrainSpec | int, start_step: int):
+    """Each worker builds the one-process input pipeline (every replica's batches in
+    turn, after the resume skip) and keeps its own replicas' batches (keep_replicas).
+
+    Why not a pipeline each, sized for the worker: batch norm per replica (and a
+    pipeline's micro-batches) makes a replica's math depend on which examples it gets,
+    not on the global batch alone. The data sources split a global batch between
+    input pipelines by example (Fashion-MNIST: pipeline i takes positions i, i+N, ...,
+    each with its own augmentation draws) but between one pipeline's replicas by whole
+    batches, so N pipelines would hand replica d other examples than one pipeline of N
+    replicas does in one process, and a scaling curve's points would train different
+    models. The cost: each worker does every replica's input work (an input_fn whose
+    pipelines already split by replica, or cannot be compared, such as a worker's own
+    replay, opts out with engine.per_worker_input).
+    """
+    spec = self.as_spec(spec)
+
+    def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      whole = input_fn(spec.input_context(0, 1, start_step))
+      return keep_replicas(whole, spec.num_replicas, tf_ctx.input_pipeline_id,
+                           tf_ctx.num_input_pipelines)
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -170,6 +197,33 @@ class Replicator(BaseReplicator):
 
   def _compile(self, step_fn, input_fn, spec, start_step) -> CompiledStep:
     return CompiledStep(self, step_fn, self.distribute(input_fn, spec, start_step), spec)
+
+
+def per_worker_input(input_fn):
+  """Marks input_fn (a function or method) as one whose pipeline p of P already yields
+  what replicas [p*R, (p+1)*R) get in one process, or whose data is the worker's own
+  (D4PG's replay): worker processes then build one pipeline each, at their own
+  InputContext, not the one-process pipeline (Replicator._one_process_input)."""
+  input_fn.per_worker_input = True
+  return input_fn
+
+
+def keep_replicas(whole: tf.data.Dataset, num_replicas: int, pipeline: int,
+                  pipelines: int) -> tf.data.Dataset:
+  """Of whole, the one-process stream (element k is replica k % num_replicas's batch
+  of step k // num_replicas), the elements of pipeline's replicas, in order: replicas
+  [pipeline * R, (pipeline + 1) * R) with R = num_replicas / pipelines (the replica ids
+  tf.distribute gives a worker's local replicas, which take its elements in turn)."""
+  per = num_replicas // pipelines
+  if per == 1:
+    return whole.shard(pipelines, pipeline)
+  kept = whole.enumerate().filter(lambda k, _: (k % num_replicas) // per == pipeline)
+  kept = kept.map(lambda _, element: element)
+  if whole.cardinality() == tf.data.INFINITE_CARDINALITY:
+    # Said so: with an unknown cardinality MultiWorkerMirroredStrategy all-reduces a
+    # "has data" flag every step to stop all workers together.
+    kept = kept.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+  return kept
 
 
 def _flat_concat(*tensors):
