@@ -153,7 +153,7 @@ def test_both_batch_norm_kinds_take_the_one_setting_and_refuse_their_own():
 def test_a_worker_keeps_its_replicas_batches_of_the_one_process_stream(pipelines):
   """Element k of the one-process stream is replica k % 4's batch; a worker's local
   replicas (ids p*R ... p*R+R-1) take its kept elements in turn, the stream stays endless."""
-  from replibench.engine.replicator import keep_replicas
+  from replibench.engine.spec import keep_replicas
   whole = tf.data.Dataset.range(1000).repeat()
   per = 4 // pipelines
   for p in range(pipelines):

@@ -14,6 +14,7 @@ other replicas (step_fn returns the metrics apply_gradients returns).
 engine/ps has the parameter-server ones, and engine.make_replicator picks.
 """
 
+import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -147,16 +148,19 @@ class Replicator(BaseReplicator):
     each with its own augmentation draws) but between one pipeline's replicas by whole
     batches, so N pipelines would hand replica d other examples than one pipeline of N
     replicas does in one process, and a scaling curve's points would train different
-    models. The cost: each worker does every replica's input work (an input_fn whose
-    pipelines already split by replica, or cannot be compared, such as a worker's own
-    replay, opts out with engine.per_worker_input).
+    models. The cost: each worker does every replica's input work, unless input_fn is
+    marked engine.keeps_replicas (it keeps them itself, before its expensive work). An
+    input_fn whose data is the worker's own (D4PG's replay) opts out with
+    engine.per_worker_input.
     """
     spec = self.as_spec(spec)
+    keeps = getattr(input_fn, "keeps_replicas", False)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      whole = input_fn(spec.input_context(0, 1, start_step))
-      return keep_replicas(whole, spec.num_replicas, tf_ctx.input_pipeline_id,
-                           tf_ctx.num_input_pipelines)
+      whole = spec.input_context(0, 1, start_step)
+      ctx = dataclasses.replace(whole, keep=(tf_ctx.input_pipeline_id,
+                                             tf_ctx.num_input_pipelines))
+      return input_fn(ctx) if keeps else ctx.kept(input_fn(whole))
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -199,6 +203,15 @@ class Replicator(BaseReplicator):
     return CompiledStep(self, step_fn, self.distribute(input_fn, spec, start_step), spec)
 
 
+def keeps_replicas(input_fn):
+  """Marks input_fn as one that applies its context's keep itself (InputContext.kept,
+  or replica_range), e.g. before its expensive work: each worker then builds only its
+  replicas' share of the one-process pipeline, not all of it (Fashion-MNIST's gathers
+  and augmentation; synthetic batches)."""
+  input_fn.keeps_replicas = True
+  return input_fn
+
+
 def per_worker_input(input_fn):
   """Marks input_fn (a function or method) as one whose pipeline p of P already yields
   what replicas [p*R, (p+1)*R) get in one process, or whose data is the worker's own
@@ -206,24 +219,6 @@ def per_worker_input(input_fn):
   InputContext, not the one-process pipeline (Replicator._one_process_input)."""
   input_fn.per_worker_input = True
   return input_fn
-
-
-def keep_replicas(whole: tf.data.Dataset, num_replicas: int, pipeline: int,
-                  pipelines: int) -> tf.data.Dataset:
-  """Of whole, the one-process stream (element k is replica k % num_replicas's batch
-  of step k // num_replicas), the elements of pipeline's replicas, in order: replicas
-  [pipeline * R, (pipeline + 1) * R) with R = num_replicas / pipelines (the replica ids
-  tf.distribute gives a worker's local replicas, which take its elements in turn)."""
-  per = num_replicas // pipelines
-  if per == 1:
-    return whole.shard(pipelines, pipeline)
-  kept = whole.enumerate().filter(lambda k, _: (k % num_replicas) // per == pipeline)
-  kept = kept.map(lambda _, element: element)
-  if whole.cardinality() == tf.data.INFINITE_CARDINALITY:
-    # Said so: with an unknown cardinality MultiWorkerMirroredStrategy all-reduces a
-    # "has data" flag every step to stop all workers together.
-    kept = kept.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-  return kept
 
 
 def _flat_concat(*tensors):
