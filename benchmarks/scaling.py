@@ -275,6 +275,8 @@ def main():
   parser.add_argument("--cpus_per_worker", type=int, default=1)
   parser.add_argument("--strong_ceilings", action="store_true", help="with --worker_counts: "
                       "also the ceiling at strong scaling's per-worker batch (batch/N)")
+  parser.add_argument("--gin_bindings", action="append", default=[], help="added to every "
+                      "run, e.g. 'regimes.Sync.bucket_bytes = 65536' (repeat for more)")
   parser.add_argument("--dry_run", action="store_true", help="print the runs, run nothing")
   args = parser.parse_args()
   counts = [int(n) for n in args.worker_counts.split(",")] if args.worker_counts else []
@@ -284,6 +286,7 @@ def main():
       s for s in setups() if not args.setups or s.label in args.setups.split(",")]
   for name in args.workloads.split(","):
     w = WORKLOADS[name]
+    w = dataclasses.replace(w, bindings=(*w.bindings, *args.gin_bindings))
     if args.dry_run:
       for s in chosen:
         cmds = (independent_commands(w, s, [f"WORKDIR{i}" for i in range(s.n)],
