@@ -10,6 +10,8 @@
 #   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
 #   make bench-engine     engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
+#   make bench-overlap    2 workers on an emulated link (unlimited, 10 Gbit, 1 Gbit, 100 Mbit),
+#                         with and without gradient buckets (root: tc; ~8 min)
 #   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
 #                         (SUITE=resnet for one; HEAD=REV for another head; AA=1 for an A/A of
 #                         one commit; RECORD=1 appends its trials to the history; exit 1 on a
@@ -54,6 +56,7 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS),steps_to_target=0.5
 FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
+	bench-overlap \
 	bench-ab history bench-throughput \
 	bench-model-parallel \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
@@ -168,6 +171,11 @@ bench-engine: install
 # The distributed path's scaling, every workload, from one run (issue-12 goals).
 bench-scaling: install data
 	$(PY) benchmarks/scaling.py
+
+# Gradient buckets (regimes.Sync.bucket_bytes) against the link's rate, 2 workers (issue 42):
+# results/scaling/overlap-resnet.{txt,json}.
+bench-overlap: install data
+	$(PY) benchmarks/overlap.py
 
 # The paper's models at full size on synthetic data (issue 36): replicas=1/2 and workers=1/2,
 # float32 and bfloat16, each model at a fixed batch a device; THROUGHPUT_ARGS adds flags

@@ -24,8 +24,15 @@ batch; 4 logical replicas <= 1.3x one replica's step time; init <= 2x.
 
 On a machine with more cores, --worker_counts=1,2,4,8 [--cpus_per_worker=2] runs
 instead N worker processes at the workload's global batch (strong scaling) and at
-N times it (weak), and reports each one's speed-up over workers=1 and its
-efficiency (speed-up / N): the accelerator machine's run (tools/accelerator).
+N times it (weak), and the machine's ceiling for each N: N independent one-worker
+runs at once, each pinned to the cores worker i of the N-worker cluster gets, that
+never communicate (at the workload's batch each: weak scaling's per-worker batch;
+with --strong_ceilings also at batch/N: strong scaling's). It reports each count's
+speed-up over workers=1, its efficiency against N (speed-up / N) and against the
+ceiling (speed-up / the ceiling's summed examples/s over workers=1's): the
+accelerator machine's run (tools/accelerator). Horovod's "scaling efficiency" is
+the first; the second separates what the engine loses from what the machine does
+(shared caches, memory bandwidth, clocks under load).
 """
 
 import argparse
@@ -70,7 +77,8 @@ QUIET = ("Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epo
 @dataclasses.dataclass(frozen=True)
 class Setup:
   label: str
-  kind: str          # 'replicas' (logical, one process), 'workers', or 'pair' (below)
+  kind: str          # 'replicas' (logical, one process), 'workers', or 'independent':
+                     # n one-worker runs at once, each on its own cores (the ceiling)
   n: int
   batch_factor: float = 1   # Of the workload's global batch.
   cores: str = "0"   # taskset list for logical replicas
@@ -83,8 +91,15 @@ HALF = "workers=1, batch/2"
 # Two independent single workers, one per core, at the same time: what the machine gives
 # two processes (shared caches, memory bandwidth, clock) with no communication at all,
 # at the per-worker batch of strong scaling (batch/2) and of weak scaling (batch).
-PAIR_HALF = "2 x workers=1, batch/2, at once"
-PAIR = "2 x workers=1, at once"
+
+
+def ceiling_label(n: int, batch_factor: float = 1) -> str:
+  """The label of n independent one-worker runs at once (at batch_factor of the batch)."""
+  batch = "" if batch_factor == 1 else f", batch/{round(1 / batch_factor)}"
+  return f"{n} x workers=1{batch}, at once"
+
+
+PAIR_HALF, PAIR = ceiling_label(2, 0.5), ceiling_label(2)
 
 
 def setups() -> list[Setup]:
@@ -92,16 +107,22 @@ def setups() -> list[Setup]:
           Setup("replicas=4 (1 core)", "replicas", 4),
           Setup(QUARTER, "replicas", 1, 0.25),
           Setup("workers=1", "workers", 1), Setup("workers=2 (strong)", "workers", 2),
-          Setup(HALF, "workers", 1, 0.5), Setup(PAIR_HALF, "pair", 1, 0.5),
-          Setup(PAIR, "pair", 1),
+          Setup(HALF, "workers", 1, 0.5), Setup(PAIR_HALF, "independent", 2, 0.5),
+          Setup(PAIR, "independent", 2),
           Setup("workers=1 (2x batch)", "workers", 1, 2),
           Setup("workers=2 (weak, 2x batch)", "workers", 2, 2)]
 
 
-def worker_setups(counts: list[int]) -> list[Setup]:
-  """workers=N at the workload's batch (strong) and at N times it (weak)."""
+def worker_setups(counts: list[int], strong_ceilings: bool = False) -> list[Setup]:
+  """workers=N at the workload's batch (strong) and at N times it (weak), and for each
+  N > 1 the machine's ceiling: N one-worker runs at once at the batch (weak scaling's
+  per worker) and, with strong_ceilings, at batch/N (strong scaling's)."""
+  many = [n for n in counts if n > 1]
   return ([Setup(f"workers={n}", "workers", n) for n in counts]
-          + [Setup(f"workers={n} (weak, {n}x batch)", "workers", n, n) for n in counts if n > 1])
+          + [Setup(f"workers={n} (weak, {n}x batch)", "workers", n, n) for n in many]
+          + [Setup(ceiling_label(n), "independent", n) for n in many]
+          + [Setup(ceiling_label(n, 1 / n), "independent", n, 1 / n)
+             for n in many if strong_ceilings])
 
 
 def command(w: Workload, s: Setup, workdir: str, cpus_per_worker: int = 1) -> list[str]:
@@ -112,21 +133,32 @@ def command(w: Workload, s: Setup, workdir: str, cpus_per_worker: int = 1) -> li
 
 
 def measure(w: Workload, s: Setup, cpus_per_worker: int = 1) -> dict:
-  if s.kind == "pair":
-    return _measure_pair(w, s)
+  if s.kind == "independent":
+    return _measure_independent(w, s, cpus_per_worker)
   return bench_runs.run(command(w, s, "WORKDIR", cpus_per_worker), f"{w.name} {s.label}")[0]
 
 
-def _measure_pair(w: Workload, s: Setup) -> dict:
-  """Two one-worker runs at once, each launched on its own core: their examples/s add up."""
-  single = dataclasses.replace(s, kind="workers")
+def independent_commands(w: Workload, s: Setup, workdirs: list[str],
+                         cpus_per_worker: int = 1) -> list[list[str]]:
+  """s.n one-worker runs, run i pinned (taskset) to the cores worker i of an s.n-worker
+  launch gets (launcher.core_share: this process's allowed cores, cpus_per_worker each,
+  in order), and launched with the same --cpus_per_worker inside them."""
+  cores = sorted(os.sched_getaffinity(0))
+  single = dataclasses.replace(s, kind="workers", n=1)
+  return [["taskset", "-c", ",".join(str(cores[(i * cpus_per_worker + k) % len(cores)])
+                                     for k in range(cpus_per_worker)),
+           *command(w, single, workdir, cpus_per_worker)]
+          for i, workdir in enumerate(workdirs)]
+
+
+def _measure_independent(w: Workload, s: Setup, cpus_per_worker: int = 1) -> dict:
+  """s.n one-worker runs at once, each on its own cores: their examples/s add up."""
   with tempfile.TemporaryDirectory() as workdir:
-    dirs = [os.path.join(workdir, str(core)) for core in (0, 1)]
+    dirs = [os.path.join(workdir, str(i)) for i in range(s.n)]
     # Output to files, not pipes: a full pipe would stall a run we wait for.
     logs = [open(d + ".log", "w+", encoding="utf-8") for d in dirs]  # pylint: disable=consider-using-with
-    procs = [subprocess.Popen(["taskset", "-c", str(core), *command(w, single, d)], cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT)
-             for core, d, log in zip((0, 1), dirs, logs)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+             for cmd, log in zip(independent_commands(w, s, dirs, cpus_per_worker), logs)]
     codes = [p.wait() for p in procs]
     outputs = []
     for log in logs:
@@ -136,7 +168,8 @@ def _measure_pair(w: Workload, s: Setup) -> dict:
     results = [bench_runs.result(d, code, out, f"{w.name} {s.label}")
                for d, code, out in zip(dirs, codes, outputs)]
   return {**results[0], "examples_per_s": sum(r["examples_per_s"] for r in results),
-          "init_s": max(r["init_s"] for r in results)}
+          "init_s": max(r["init_s"] for r in results),
+          "runs_examples_per_s": [r["examples_per_s"] for r in results]}
 
 
 def _median(results: list[dict], key) -> float | None:
@@ -205,17 +238,25 @@ def _ceilings(eps: dict, ratio) -> list[str]:
 
 
 def summarize_workers(w: Workload, runs: dict[str, list[dict]], counts: list[int]) -> list[str]:
-  """Speed-up and efficiency of N workers over one, strong and weak (goal: 2 workers
-  >= 1.8x one at the same batch)."""
+  """Speed-up of N workers over one, strong and weak, and its efficiency against N and
+  against the machine's ceiling for N (goal: 2 workers >= 1.8x one at the same batch)."""
   eps = {label: _median(rs, lambda r: r.get("examples_per_s")) for label, rs in runs.items()}
   one = eps["workers=1"]
   lines = [f"== {w.name} ({w.gin_file}, global batch {w.global_batch}, {w.steps} steps): "
            f"workers=1 {one:.1f} ex/s"]
   for n in counts[1:]:
-    strong, weak = eps[f"workers={n}"] / one, eps[f"workers={n} (weak, {n}x batch)"] / one
-    goal = "   (goal >= 1.8x)" if n == 2 else ""
-    lines.append(f"  workers={n}: strong {strong:.2f}x (efficiency {strong / n:.0%}), "
-                 f"weak {weak:.2f}x (efficiency {weak / n:.0%}){goal}")
+    lines += [f"  workers={n}:"]
+    for kind, label, factor in (("strong", f"workers={n}", 1 / n),
+                                ("weak", f"workers={n} (weak, {n}x batch)", 1)):
+      speedup = eps[label] / one
+      line = f"    {kind:6s} {speedup:.2f}x (efficiency {speedup / n:.0%} of {n}x"
+      ceiling = eps.get(ceiling_label(n, factor))
+      if ceiling:
+        line += (f", {speedup / (ceiling / one):.0%} of the machine's ceiling "
+                 f"{ceiling / one:.2f}x: {ceiling_label(n, factor)})")
+      else:
+        line += ")"
+      lines.append(line + ("   (goal >= 1.8x)" if n == 2 and kind == "strong" else ""))
   return lines
 
 
@@ -232,18 +273,26 @@ def main():
   parser.add_argument("--worker_counts", default="", help="e.g. 1,2,4,8: strong and weak "
                       "scaling over N worker processes instead of the 2-core setups")
   parser.add_argument("--cpus_per_worker", type=int, default=1)
+  parser.add_argument("--strong_ceilings", action="store_true", help="with --worker_counts: "
+                      "also the ceiling at strong scaling's per-worker batch (batch/N)")
+  parser.add_argument("--gin_bindings", action="append", default=[], help="added to every "
+                      "run, e.g. 'regimes.Sync.bucket_bytes = 65536' (repeat for more)")
   parser.add_argument("--dry_run", action="store_true", help="print the runs, run nothing")
   args = parser.parse_args()
   counts = [int(n) for n in args.worker_counts.split(",")] if args.worker_counts else []
   if counts and counts[0] != 1:
     raise SystemExit("--worker_counts must start with 1 (the reference)")
-  chosen = worker_setups(counts) if counts else [
+  chosen = worker_setups(counts, args.strong_ceilings) if counts else [
       s for s in setups() if not args.setups or s.label in args.setups.split(",")]
   for name in args.workloads.split(","):
     w = WORKLOADS[name]
+    w = dataclasses.replace(w, bindings=(*w.bindings, *args.gin_bindings))
     if args.dry_run:
       for s in chosen:
-        print(f"{name} {s.label}: {shlex.join(command(w, s, 'WORKDIR', args.cpus_per_worker))}")
+        cmds = (independent_commands(w, s, [f"WORKDIR{i}" for i in range(s.n)],
+                                     args.cpus_per_worker) if s.kind == "independent"
+                else [command(w, s, "WORKDIR", args.cpus_per_worker)])
+        print(f"{name} {s.label}: {' & '.join(shlex.join(c) for c in cmds)}")
       continue
     runs = {s.label: [] for s in chosen}
     for r in range(args.rounds):

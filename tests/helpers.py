@@ -172,6 +172,17 @@ def assert_same_training(reference, other) -> None:
     np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+def assert_same_losses(reference, other) -> None:
+  """Two runs (workdirs) logged the same training loss at every logged step (rtol 1e-4)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
+  want, got = event_tags(reference)["train/loss"], event_tags(other)["train/loss"]
+  assert [s for s, _ in want] == [s for s, _ in got] and want
+  for (step, a), (_, b) in zip(want, got):
+    np.testing.assert_allclose(tensor_util.make_ndarray(b), tensor_util.make_ndarray(a),
+                               rtol=1e-4, err_msg=f"train/loss at step {step}")
+
+
 def result(workdir):
   """The run's result.json, read (and checked) as a replibench.results.RunResult."""
   from replibench import results  # pylint: disable=import-outside-toplevel

@@ -4,6 +4,7 @@ Most tests run on small synthetic IDX files whose images encode their own index,
 so every batch can be traced back to the examples it holds.
 """
 
+import dataclasses
 import gzip
 import os
 import struct
@@ -298,3 +299,26 @@ def test_num_examples_takes_a_prefix_of_the_split(fake_dir):
   ev = fashion_mnist.dataset("test", per_replica_batch_size=4, training=False, seed=0,
                              data_dir=fake_dir, num_examples=10)
   assert sum(len(y) for _, y in ev) == 10
+
+
+@pytest.mark.parametrize("source", ["fmnist", "fmnist_iid", "synthetic"])
+def test_a_kept_pipeline_is_the_workers_share_of_the_one_process_stream(fake_dir, source):
+  """A worker's context (the one-process pipeline's, with keep) makes exactly the
+  batches InputContext.kept keeps of the whole stream: each source honours keep itself
+  (before gathering and augmenting, for Fashion-MNIST), resumed (start_step) or not."""
+  from replibench.data.sources import FashionMNIST  # pylint: disable=import-outside-toplevel
+  from replibench.data.synthetic import SyntheticImages  # pylint: disable=import-outside-toplevel
+  from replibench.engine import TrainSpec  # pylint: disable=import-outside-toplevel
+  data = {"fmnist": FashionMNIST(data_dir=fake_dir),
+          "fmnist_iid": FashionMNIST(data_dir=fake_dir, partition="iid"),
+          "synthetic": SyntheticImages(image_size=4, num_classes=10)}[source]
+  spec = TrainSpec(global_batch_size=8, num_replicas=4)
+  for start_step, pipelines in ((0, 2), (3, 4)):
+    whole = spec.input_context(0, 1, start_step)
+    for pipeline in range(pipelines):
+      ctx = dataclasses.replace(whole, keep=(pipeline, pipelines))
+      want = list(ctx.kept(data.train(whole, seed=3)).take(6).as_numpy_iterator())
+      got = list(data.train(ctx, seed=3).take(6).as_numpy_iterator())
+      for (want_x, want_y), (got_x, got_y) in zip(want, got, strict=True):
+        np.testing.assert_array_equal(got_y, want_y)
+        np.testing.assert_array_equal(got_x, want_x)

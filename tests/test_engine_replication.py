@@ -147,3 +147,17 @@ def test_both_batch_norm_kinds_take_the_one_setting_and_refuse_their_own():
   gin.parse_config("engine.per_replica_batch_norm.momentum = 0.99")
   with pytest.raises(UserError, match="bind engine.batch_norm_setting.momentum instead"):
     engine.per_replica_batch_norm(name="c")
+
+
+@pytest.mark.parametrize("pipelines", [1, 2, 4])
+def test_a_worker_keeps_its_replicas_batches_of_the_one_process_stream(pipelines):
+  """Element k of the one-process stream is replica k % 4's batch; a worker's local
+  replicas (ids p*R ... p*R+R-1) take its kept elements in turn, the stream stays endless."""
+  from replibench.engine.spec import keep_replicas
+  whole = tf.data.Dataset.range(1000).repeat()
+  per = 4 // pipelines
+  for p in range(pipelines):
+    kept = keep_replicas(whole, 4, p, pipelines)
+    assert kept.cardinality() == tf.data.INFINITE_CARDINALITY
+    got = [int(x) for x in kept.take(3 * per)]
+    assert got == [4 * s + p * per + r for s in range(3) for r in range(per)]

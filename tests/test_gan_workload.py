@@ -1,5 +1,6 @@
 """The SN-GAN workload: replication does not change the math; the harness runs it."""
 
+import dataclasses
 import functools
 import math
 import os
@@ -126,6 +127,15 @@ def test_input_regroups_the_same_real_batches_for_any_replica_count():
   two_steps = workload.input_fn(engine.InputContext(GLOBAL_BATCH, 0, 1, 1)).take(2)
   np.testing.assert_array_equal(first_step(2, start_step=1),
                                 list(two_steps)[1][0].numpy())
+  # A worker of 2 (keep), each with 2 of the 4 replicas: their elements of the whole.
+  whole = engine.InputContext(GLOBAL_BATCH // 4, 0, 1, 4, 1)
+  every = list(workload.input_fn(whole).take(8))
+  for worker in (0, 1):
+    kept = list(workload.input_fn(dataclasses.replace(whole, keep=(worker, 2))).take(4))
+    want = [every[s * 4 + worker * 2 + r] for s in (0, 1) for r in (0, 1)]
+    for (got_x, got_y), (want_x, want_y) in zip(kept, want, strict=True):
+      np.testing.assert_array_equal(got_x.numpy(), want_x.numpy())
+      np.testing.assert_array_equal(got_y.numpy(), want_y.numpy())
 
 
 @pytest.fixture(scope="module")

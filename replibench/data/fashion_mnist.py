@@ -176,7 +176,7 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
             num_input_pipelines: int = 1, training: bool, seed: int, augment: bool = True,
             shuffle: bool = True, crop_padding: int = 0, flip: bool = True,
             data_dir: str | None = None, num_examples: int | None = None,
-            skip_batches: int = 0) -> tf.data.Dataset:
+            skip_batches: int = 0, keep=None) -> tf.data.Dataset:
   """One input pipeline's batches: (images float32 [b,28,28,1], labels int32 [b]).
 
   training=True: an endless stream; per epoch a permutation of the split seeded by
@@ -189,6 +189,9 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   epoch (benchmarks/tune_fmnist_recipe.py).
   training=False: every example of the split once, in order, pipeline i taking
   examples i, i+N, ...; the last batch may be smaller; never shuffled or augmented.
+  keep (training): a function of the stream of batches (the engine's
+  InputContext.kept) applied before any example is gathered or augmented, so a worker
+  that keeps its replicas' batches of the one-process stream makes only those.
   """
   _check_split(split)
   n_pipes, pipe = int(num_input_pipelines), int(input_pipeline_id)
@@ -232,6 +235,8 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   # skipped here (before gathering and augmenting), and the counter keeps each
   # batch's augmentation seed, so resuming is exact.
   ds = ds.skip(skip_batches)
+  if keep is not None:
+    ds = keep(ds)
 
   make_batch = _batch_maker(images, labels, seed, augment, crop_padding, flip)
   ds = ds.map(lambda idx, step: make_batch(idx[pipe::n_pipes], step, pipe),

@@ -79,7 +79,7 @@ class Imagenet2012Gan:
     ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     # File shuffling cannot seek: a resumed run skips the batches consumed.
     ds = ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
-    return ds.skip(batches_consumed(ctx)).prefetch(2)
+    return ctx.kept(ds.skip(batches_consumed(ctx))).prefetch(2)
 
   def reference_batches(self, split: str, batch_size: int):
     """Unshuffled, unflipped numpy batches [n, s, s, 3] in [-1, 1] of 'train' or

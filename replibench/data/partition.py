@@ -90,9 +90,8 @@ def pipeline_streams(labels: np.ndarray, ctx, scheme: str, alpha: float, seed: i
 
   ctx: the engine's InputContext; replica ids are global (pipeline p serves
   [p*R, (p+1)*R)); skip_batches counts each replica's own batches."""
-  per_pipeline = ctx.replicas_per_pipeline
+  first, per_pipeline = ctx.replica_range()   # With ctx.keep: the kept replicas.
   parts = shards(labels, ctx.num_replicas, scheme, alpha, seed)
-  first = ctx.input_pipeline_id * per_pipeline
   streams = [replica_stream(parts[r], ctx.per_replica_batch_size, seed, r, skip_batches)
              .map(lambda idx, step, r=r: (idx, step, tf.constant(r, tf.int64)))
              for r in range(first, first + per_pipeline)]

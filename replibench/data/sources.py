@@ -3,7 +3,9 @@
     ImageClassification.data = @FashionMNIST()
 
 Each source builds one input pipeline from the engine's InputContext, so the
-same config shards correctly over 1 replica, N local replicas or N workers.
+same config shards correctly over 1 replica, N local replicas or N workers; a
+context's `keep` (worker processes) is honoured by every source (ctx.kept or
+ctx.replica_range), which the classification workload's engine.keeps_replicas says.
 """
 
 import dataclasses
@@ -70,7 +72,7 @@ class FashionMNIST:
         input_pipeline_id=ctx.input_pipeline_id, num_input_pipelines=ctx.num_input_pipelines,
         training=True, seed=seed, augment=self.augment, shuffle=self.shuffle,
         data_dir=self.data_dir, num_examples=self.num_train_examples,
-        skip_batches=batches_consumed(ctx))
+        skip_batches=batches_consumed(ctx), keep=ctx.kept)
     return self._rescale(ds)
 
   def eval_examples(self) -> int:
@@ -127,7 +129,7 @@ class TfdsImages:
 
   def train(self, ctx, seed: int) -> tf.data.Dataset:
     # TFDS file-level shuffling cannot seek: a resumed run skips the consumed batches.
-    return self._dataset(ctx, self.train_split, True, seed).skip(batches_consumed(ctx))
+    return ctx.kept(self._dataset(ctx, self.train_split, True, seed).skip(batches_consumed(ctx)))
 
   def eval(self, ctx) -> tf.data.Dataset:
     return self._dataset(ctx, self.eval_split, False, 0)

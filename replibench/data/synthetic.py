@@ -43,9 +43,8 @@ def repeated(ctx, make_batch) -> tf.data.Dataset:
   ctx: the engine's InputContext (pipeline p serves global replicas [p*R, (p+1)*R)).
   make_batch(replica) -> a nest of numpy arrays: that replica's batch.
   """
-  first = ctx.input_pipeline_id * ctx.replicas_per_pipeline
-  parts = [tf.data.Dataset.from_tensors(make_batch(r))
-           for r in range(first, first + ctx.replicas_per_pipeline)]
+  first, count = ctx.replica_range()   # With ctx.keep: the kept replicas only.
+  parts = [tf.data.Dataset.from_tensors(make_batch(r)) for r in range(first, first + count)]
   ds = functools.reduce(tf.data.Dataset.concatenate, parts).repeat()
   options = tf.data.Options()
   options.autotune.enabled = False   # Nothing to tune; its thread only slows teardown.

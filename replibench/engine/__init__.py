@@ -8,7 +8,9 @@ Public API (documented in README.md):
                 (lockstep), ps.AsyncReplicator, ps.BackupReplicator or (a Mesh)
                 model_parallel.MeshReplicator; scope(), distribute(input_fn, spec),
                 run(step_fn, ...), reduce(...),
-                compile(step_fn, input_fn, spec) -> a BaseStep
+                compile(step_fn, input_fn, spec) -> a BaseStep; worker processes get
+                the one-process input's batches of their replicas (input_fn marked
+                keeps_replicas keeps them itself; per_worker_input: one pipeline each)
   process_role(topology, regime) -> Role: whether this process trains or serves, and
                 whether it is the chief
   collectives   all_reduce, all_gather, broadcast, pair_all_reduce, permute, replica_id,
@@ -40,7 +42,8 @@ from replibench.engine.interface import BaseReplicator, BaseStep
 from replibench.engine.layers import (CrossReplicaBatchNorm, PerReplicaBatchNorm,
                                       cross_replica_batch_norm, per_replica_batch_norm)
 from replibench.engine.regimes.step_metrics import StepMetrics
-from replibench.engine.replicator import CompiledStep, Replicator
+from replibench.engine.replicator import (CompiledStep, Replicator, keeps_replicas,
+                                          per_worker_input)
 from replibench.engine.spec import InputContext, TrainSpec
 from replibench.engine.topology import Local, MultiWorker, Topology, Tpu
 from replibench.internals import untuned_per_device_datasets
@@ -52,8 +55,9 @@ untuned_per_device_datasets()
 __all__ = [
     "all_gather", "all_reduce", "all_reduce_gradients", "apply_reduced", "average_loss",
     "BaseReplicator", "BaseStep", "broadcast", "CompiledStep", "CrossReplicaBatchNorm",
-    "cross_replica_batch_norm", "InputContext", "Local", "make_replicator", "MultiWorker",
-    "num_replicas", "pair_all_reduce", "PerReplicaBatchNorm", "per_replica_batch_norm",
-    "permute", "process_role", "replica_id", "Replicator", "Role", "StepMetrics",
-    "sync_apply_gradients", "sync_apply_gradients_jointly", "Topology", "Tpu", "TrainSpec",
+    "cross_replica_batch_norm", "InputContext", "keeps_replicas", "Local", "make_replicator",
+    "MultiWorker", "num_replicas", "pair_all_reduce", "PerReplicaBatchNorm",
+    "per_replica_batch_norm", "per_worker_input", "permute", "process_role", "replica_id",
+    "Replicator", "Role", "StepMetrics", "sync_apply_gradients", "sync_apply_gradients_jointly",
+    "Topology", "Tpu", "TrainSpec",
 ]

@@ -10,7 +10,7 @@ replica's share, which changes the math as soon as clipping is active.
 import tensorflow as tf
 
 from replibench import internals
-from replibench.engine import collectives
+from replibench.engine import collectives, fusion
 
 
 def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
@@ -21,8 +21,16 @@ def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tens
   return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
 
 
-def all_reduce_gradients(grads: list) -> list:
-  """Sums gradients over replicas in one collective (None entries pass through).
+def all_reduce_gradients(grads: list, bucket_bytes: int = 0) -> list:
+  """Sums gradients over replicas (None entries pass through): one all-reduce per bucket
+  of about bucket_bytes (0: one for all), the last layers' first (fusion.buckets).
+
+  Each bucket's all-reduce takes only its own gradients as inputs, so in the step's
+  graph it can run as soon as they exist, while the backward pass computes the earlier
+  layers' (DDP's gradient buckets); every element is summed over the same replicas as
+  in one all-reduce (tests/test_gradient_buckets.py). Cross-replica batch norm's own
+  collectives are ordered before the gradients' under MultiWorkerMirroredStrategy
+  (its ordering token), so there the first bucket waits for the first layer's.
 
   Sparse gradients (tf.IndexedSlices, from embedding lookups) are made dense
   first, so they join the one packed all-reduce: tf.distribute would otherwise
@@ -33,8 +41,13 @@ def all_reduce_gradients(grads: list) -> list:
   present = [tf.convert_to_tensor(g) for g in grads if g is not None]
   if not present:
     return list(grads)
-  reduced = iter(collectives.all_reduce(present, "sum", kind="gradients"))
-  return [None if g is None else next(reduced) for g in grads]
+  reduced = [None] * len(present)
+  for bucket in fusion.buckets(present, bucket_bytes):
+    for i, value in zip(bucket, collectives.all_reduce([present[i] for i in bucket], "sum",
+                                                       kind="gradients")):
+      reduced[i] = value
+  remaining = iter(reduced)
+  return [None if g is None else next(remaining) for g in grads]
 
 
 def apply_reduced(optimizer, grads: list, variables: list) -> None:
@@ -57,13 +70,14 @@ def sync_apply_gradients(optimizer, grads: list, variables: list) -> None:
   sync_apply_gradients_jointly([(optimizer, grads, variables)])
 
 
-def sync_apply_gradients_jointly(updates: list) -> list:
-  """sync_apply_gradients for several (optimizer, grads, vars): one all-reduce for all.
+def sync_apply_gradients_jointly(updates: list, bucket_bytes: int = 0) -> list:
+  """sync_apply_gradients for several (optimizer, grads, vars): their gradients all-reduced
+  together, in buckets of about bucket_bytes (0: one all-reduce for all).
 
   Returns the reduced gradients, every update's in order (None where grads had None).
   """
   sizes = [len(grads) for _, grads, _ in updates]
-  reduced = all_reduce_gradients([g for _, grads, _ in updates for g in grads])
+  reduced = all_reduce_gradients([g for _, grads, _ in updates for g in grads], bucket_bytes)
   remaining = iter(reduced)
   for (optimizer, _, variables), size in zip(updates, sizes):
     apply_reduced(optimizer, [next(remaining) for _ in range(size)], variables)

@@ -11,6 +11,11 @@ so it is left to do so (`fuses_in_engine`).
 
 Fusing does not change the math: every element is reduced exactly as before (the
 same replicas, the same order), only in one buffer.
+
+`buckets` splits a gradient list into the all-reduces the engine issues one by one
+(DDP's buckets): in reverse order, the order the backward pass produces them, so
+the first bucket's collective can start while earlier layers' gradients are still
+being computed (engine/aggregation.py).
 """
 
 from typing import Callable
@@ -28,6 +33,32 @@ def fuses_in_engine(strategy: tf.distribute.Strategy) -> bool:
   """
   return (isinstance(strategy, tf.distribute.MirroredStrategy)
           and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy))
+
+
+def buckets(tensors: list, bucket_bytes: int) -> list[list[int]]:
+  """Indices of tensors grouped into all-reduce buckets of about bucket_bytes each.
+
+  tensors: gradients in layer order (a model's trainable_variables order). Buckets
+  are filled from the last tensor backwards, each closed once it holds at least
+  bucket_bytes (tf.distribute's group_by_size rule: few, large buckets), so the
+  first bucket holds the last layers' gradients, which the backward pass computes
+  first. Within a bucket the indices stay ascending, so a single bucket (bucket_bytes
+  0, or at least the total) is exactly the unbucketed list. A tensor of unknown shape
+  puts everything in one bucket.
+  """
+  if not tensors:
+    return []
+  sizes = [t.shape.num_elements() for t in tensors]
+  if bucket_bytes <= 0 or any(n is None for n in sizes):
+    return [list(range(len(tensors)))]
+  groups, filled = [], None
+  for i in reversed(range(len(tensors))):
+    if filled is None or filled >= bucket_bytes:
+      groups.append([])
+      filled = 0
+    groups[-1].append(i)
+    filled += sizes[i] * tf.as_dtype(tensors[i].dtype).size
+  return [sorted(group) for group in groups]
 
 
 def _fusible(t) -> bool:

@@ -14,6 +14,7 @@ other replicas (step_fn returns the metrics apply_gradients returns).
 engine/ps has the parameter-server ones, and engine.make_replicator picks.
 """
 
+import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -124,12 +125,42 @@ class Replicator(BaseReplicator):
 
   def distribute(self, input_fn: Callable[[InputContext], tf.data.Dataset],
                  spec: TrainSpec | int, start_step: int = 0):
-    """A distributed dataset: each replica gets its own per-replica batch."""
+    """A distributed dataset: each replica gets its own per-replica batch, the one it
+    gets from the same config in one process (worker processes: _one_process_input)."""
+    if self.num_workers > 1 and not getattr(input_fn, "per_worker_input", False):
+      return self._one_process_input(input_fn, spec, start_step)
     spec = self.as_spec(spec)
 
     def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
       return input_fn(spec.input_context(tf_ctx.input_pipeline_id, tf_ctx.num_input_pipelines,
                                          start_step))
+
+    return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+  def _one_process_input(self, input_fn, spec: TrainSpec | int, start_step: int):
+    """Each worker builds the one-process input pipeline (every replica's batches in
+    turn, after the resume skip) and keeps its own replicas' batches (keep_replicas).
+
+    Why not a pipeline each, sized for the worker: batch norm per replica (and a
+    pipeline's micro-batches) makes a replica's math depend on which examples it gets,
+    not on the global batch alone. The data sources split a global batch between
+    input pipelines by example (Fashion-MNIST: pipeline i takes positions i, i+N, ...,
+    each with its own augmentation draws) but between one pipeline's replicas by whole
+    batches, so N pipelines would hand replica d other examples than one pipeline of N
+    replicas does in one process, and a scaling curve's points would train different
+    models. The cost: each worker does every replica's input work, unless input_fn is
+    marked engine.keeps_replicas (it keeps them itself, before its expensive work). An
+    input_fn whose data is the worker's own (D4PG's replay) opts out with
+    engine.per_worker_input.
+    """
+    spec = self.as_spec(spec)
+    keeps = getattr(input_fn, "keeps_replicas", False)
+
+    def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      whole = spec.input_context(0, 1, start_step)
+      ctx = dataclasses.replace(whole, keep=(tf_ctx.input_pipeline_id,
+                                             tf_ctx.num_input_pipelines))
+      return input_fn(ctx) if keeps else ctx.kept(input_fn(whole))
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -170,6 +201,24 @@ class Replicator(BaseReplicator):
 
   def _compile(self, step_fn, input_fn, spec, start_step) -> CompiledStep:
     return CompiledStep(self, step_fn, self.distribute(input_fn, spec, start_step), spec)
+
+
+def keeps_replicas(input_fn):
+  """Marks input_fn as one that applies its context's keep itself (InputContext.kept,
+  or replica_range), e.g. before its expensive work: each worker then builds only its
+  replicas' share of the one-process pipeline, not all of it (Fashion-MNIST's gathers
+  and augmentation; synthetic batches)."""
+  input_fn.keeps_replicas = True
+  return input_fn
+
+
+def per_worker_input(input_fn):
+  """Marks input_fn (a function or method) as one whose pipeline p of P already yields
+  what replicas [p*R, (p+1)*R) get in one process, or whose data is the worker's own
+  (D4PG's replay): worker processes then build one pipeline each, at their own
+  InputContext, not the one-process pipeline (Replicator._one_process_input)."""
+  input_fn.per_worker_input = True
+  return input_fn
 
 
 def _flat_concat(*tensors):

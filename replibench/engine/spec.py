@@ -8,6 +8,8 @@ over the replicas here and nowhere else.
 
 import dataclasses
 
+import tensorflow as tf
+
 from replibench.engine.regimes.base import Regime, Sync
 from replibench.errors import UserError
 
@@ -31,11 +33,49 @@ class InputContext:
   num_input_pipelines: int
   num_replicas: int
   start_step: int = 0   # Global steps already trained: a resumed pipeline skips their data.
+  # Worker processes (engine Replicator._one_process_input): this is the one-process
+  # pipeline's context (pipeline 0 of 1), of which a worker keeps only the batches of
+  # the replicas of pipeline keep[0] of keep[1] (kept()). An input_fn marked
+  # engine.keeps_replicas does that itself, where it is cheapest; for any other the
+  # engine keeps them from the whole stream.
+  keep: tuple[int, int] | None = None
 
   @property
   def replicas_per_pipeline(self) -> int:
     """Replicas that take their batches, one after another, from this pipeline."""
     return self.num_replicas // self.num_input_pipelines
+
+  def replica_range(self) -> tuple[int, int]:
+    """(first, count): the global replicas whose batches this pipeline yields, in turn
+    (kept ones only, with keep)."""
+    if self.keep:
+      count = self.num_replicas // self.keep[1]
+      return self.keep[0] * count, count
+    return self.input_pipeline_id * self.replicas_per_pipeline, self.replicas_per_pipeline
+
+  def kept(self, stream: tf.data.Dataset) -> tf.data.Dataset:
+    """stream (this context's: element k is replica k % num_replicas's, in turn), with
+    keep: the kept replicas' elements only (keep_replicas); without: stream itself."""
+    return keep_replicas(stream, self.num_replicas, *self.keep) if self.keep else stream
+
+
+def keep_replicas(whole: tf.data.Dataset, num_replicas: int, pipeline: int,
+                  pipelines: int) -> tf.data.Dataset:
+  """Of whole, a one-process stream (element k is replica k % num_replicas's batch of
+  step k // num_replicas, or any stream in that order), the elements of pipeline's
+  replicas, in order: replicas [pipeline * R, (pipeline + 1) * R) with R = num_replicas /
+  pipelines (the replica ids tf.distribute gives a worker's local replicas, which take
+  its elements in turn). An endless stream stays endless, and says so."""
+  per = num_replicas // pipelines
+  if per == 1:
+    return whole.shard(pipelines, pipeline)
+  kept = whole.enumerate().filter(lambda k, _: (k % num_replicas) // per == pipeline)
+  kept = kept.map(lambda _, element: element)
+  if whole.cardinality() == tf.data.INFINITE_CARDINALITY:
+    # With an unknown cardinality MultiWorkerMirroredStrategy all-reduces a "has data"
+    # flag every step to stop all workers together.
+    kept = kept.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+  return kept
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,6 +92,7 @@ class ImageClassification(Workload):
     return (tf.TensorSpec((per_replica_batch_size, *self.data.image_shape), tf.float32),
             tf.TensorSpec((per_replica_batch_size,), tf.int32))
 
+  @engine.keeps_replicas   # Every classification source honours ctx.keep.
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     return self.data.train(ctx, self.spec.seed)
 

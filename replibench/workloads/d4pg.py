@@ -237,6 +237,7 @@ class D4PG(Workload):
             "key": tf.TensorSpec((batch_size,), tf.int64),
             "weight": tf.TensorSpec((batch_size,), tf.float32)}
 
+  @engine.per_worker_input   # Each worker's replay is its own actors'.
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     """Batches sampled from this worker's replay as the actors fill it (endless).
 

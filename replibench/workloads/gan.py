@@ -166,17 +166,20 @@ class ConditionalGAN(Workload):
         lambda z, y: precision.to_float32(self.generator(z, y, training=False)),
         reduce_retracing=True)
 
+  @engine.keeps_replicas   # The sources keep ctx.keep's replicas; regrouping follows.
   def input_fn(self, ctx: engine.InputContext) -> tf.data.Dataset:
     """Per replica: (images [n_dis, b, H, W, C] in [-1, 1], labels int32 [n_dis, b]).
 
     The source's per-replica batches are regrouped so that discriminator update
     k of step s uses the same global batch of real images for any replica count:
     this pipeline's R replicas take turns on its batches, so R * n_dis
-    consecutive batches [k, r] become R elements [r][k].
+    consecutive batches [k, r] become R elements [r][k]. A worker's context (keep)
+    has its source keep its R replicas' batches of each update's turn (the whole
+    stream's element i is replica i % N's), which regroup the same way.
     """
     if self.synthetic_data:   # Already [n_dis, b, ...] per replica, made once.
       return self.data.train(ctx, self.spec.seed, updates=self.n_dis)
-    replicas_here = ctx.replicas_per_pipeline
+    replicas_here = ctx.replica_range()[1]
     source_ctx = dataclasses.replace(ctx, start_step=ctx.start_step * self.n_dis)
     ds = self.data.train(source_ctx, self.spec.seed)
 

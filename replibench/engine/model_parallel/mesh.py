@@ -187,7 +187,7 @@ class Mesh(Topology):
     """Tensor parallelism: Sync becomes ShardedSync (a device holds part of its replica's
     gradients: regimes/sharded_sync.py)."""
     if self.parallelism == layout_lib.TENSOR and type(regime) is Sync:  # noqa: E721
-      return ShardedSync()
+      return ShardedSync(regime.bucket_bytes)
     return regime
 
   def check_spec(self, spec) -> None:

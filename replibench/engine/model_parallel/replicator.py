@@ -76,8 +76,8 @@ class MeshReplicator(Replicator):
     return super().run(self._in_mesh(step_fn), *args, **kwargs)
 
   def distribute(self, input_fn, spec: TrainSpec | int, start_step: int = 0):
-    if self.mesh.workers:
-      return self._distribute_over_workers(input_fn, spec, start_step)
+    if self.mesh.workers:   # One replica a worker: the base's one-process input, kept.
+      return self._one_process_input(input_fn, spec, start_step)
     if not self.tensor_parallel:
       return super().distribute(input_fn, spec, start_step)
     spec, model = self.as_spec(spec), self.mesh.model
@@ -89,26 +89,6 @@ class MeshReplicator(Replicator):
       # model replica d each take d's batch.
       return dataset.flat_map(lambda *e: tf.data.Dataset.from_tensors(e).repeat(model)).map(
           lambda *e: e if len(e) > 1 else e[0])
-
-    return self.strategy.distribute_datasets_from_function(dataset_fn)
-
-  def _distribute_over_workers(self, input_fn, spec: TrainSpec | int, start_step: int):
-    """Each worker (one replica: Mesh checks it) builds the one-process input pipeline,
-    every replica's batches in turn, and keeps its own replica's: every D-th.
-
-    Why not a pipeline each, as topology.MultiWorker has: a pipeline's batch norm works
-    per replica and micro-batch, so its math depends on which examples each replica
-    gets, not on the global batch alone. The data sources split a global batch between
-    input pipelines by example (Fashion-MNIST: pipeline i takes positions i, i+N, ...)
-    but between one pipeline's replicas by whole batches, so D pipelines of a replica
-    each would hand replica d other examples (and augmentation draws) than one
-    pipeline of D replicas does in one process. Each worker does D replicas' input work.
-    """
-    spec = self.as_spec(spec)
-
-    def dataset_fn(tf_ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-      whole = input_fn(spec.input_context(0, 1, start_step))
-      return whole.shard(tf_ctx.num_input_pipelines, tf_ctx.input_pipeline_id)
 
     return self.strategy.distribute_datasets_from_function(dataset_fn)
 

@@ -21,6 +21,7 @@ both use.
 import gin
 import tensorflow as tf
 
+from replibench import inputs
 from replibench.engine import aggregation, training_kernels
 from replibench.engine.measure import noise_scale
 from replibench.engine.regimes.step_metrics import StepMetrics
@@ -111,16 +112,28 @@ class Sync(Regime):
 
   name = "sync"
 
-  def __init__(self, noise_scale: bool = True):
+  def __init__(self, noise_scale: bool = True, bucket_bytes: int = 0):
     """noise_scale: record |G_b|^2 and |G_B|^2 each step (engine/measure/noise_scale.py) on
-    two or more replicas, for the gradient noise scale; off under loss scaling."""
+    two or more replicas, for the gradient noise scale; off under loss scaling.
+    bucket_bytes: all-reduce the gradients in buckets of about this many bytes, the last
+    layers' first, each as soon as the backward pass has made its gradients (overlap of
+    the exchange with the backward pass; aggregation.all_reduce_gradients); 0: one
+    all-reduce after the whole backward pass. On every synchronous path (logical
+    replicas, worker processes, a Mesh's data axis); under worker processes each
+    bucket is one collective unless topology.MultiWorker.bytes_per_pack splits it
+    further. 0 by default: on the 2-core machine one pack measured at least as fast as
+    32-64 KB packs on loopback (results/scaling/README.md); benchmarks/overlap.py
+    measures bucket sizes on an emulated link.
+    """
+    inputs.number("regimes.Sync.bucket_bytes", bucket_bytes, 0, integer=True)
     self.noise_scale = noise_scale
+    self.bucket_bytes = int(bucket_bytes)
 
   def apply_gradients(self, optimizer, grads, variables):
     return self.apply_gradients_jointly([(optimizer, grads, variables)])
 
   def apply_gradients_jointly(self, updates):
-    reduced = aggregation.sync_apply_gradients_jointly(updates)
+    reduced = aggregation.sync_apply_gradients_jointly(updates, self.bucket_bytes)
     local = [g for _, grads, _ in updates for g in grads]
     metrics = {"regime/bytes_communicated": self.wire_bytes(tensor_sizes(local), 0)}
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync

@@ -20,8 +20,8 @@ from replibench.errors import UserError
 class ShardedSync(Sync):
   """Sync without what a part of a replica's gradient cannot give (see the module)."""
 
-  def __init__(self):
-    super().__init__(noise_scale=False)
+  def __init__(self, bucket_bytes: int = 0):
+    super().__init__(noise_scale=False, bucket_bytes=bucket_bytes)
 
   def build_optimizer(self, optimizer, variables: list) -> None:
     inner = getattr(optimizer, "inner_optimizer", optimizer)   # A loss-scale wrapper's.
