@@ -52,6 +52,7 @@ class RunFacts:
   network: results.Network | None
   machine: results.Machine
   throughput: results.Throughput | None   # On synthetic data only.
+  profile: results.Profile | None = None   # `run --profile_steps`: where the trace went.
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -91,7 +92,8 @@ def _described(facts: RunFacts) -> dict:
           "topology": facts.topology, "scaling_kind": facts.scaling_kind,
           "num_workers": facts.num_workers, "num_replicas": facts.num_replicas,
           "global_batch_size": facts.global_batch_size, "seed": facts.seed,
-          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version}
+          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version,
+          "profile": facts.profile}
 
 
 def communication_account(account: dict | None, examples_per_s: float | None,

@@ -15,7 +15,8 @@ class Meter:
 
   Throughput leaves out each session's first training call, which also builds
   the executor and optimizes the graph (seconds for a GAN step): it is reported
-  apart as first_call_s, and still counts in the timed span.
+  apart as first_call_s, and still counts in the timed span. It leaves out the
+  calls the profiler traced too (harness/profiling.py: tracing slows them).
   """
 
   def __init__(self, start_step: int, limit: int, global_batch_size: int, window: int = 20):
@@ -25,10 +26,12 @@ class Meter:
     self.recent = collections.deque(maxlen=window)   # (steps, seconds) per call
     self.last_eval = None
 
-  def trained(self, steps: int, seconds: float) -> None:
+  def trained(self, steps: int, seconds: float, traced: bool = False) -> None:
     self.recent.append((steps, seconds))
     if self.first_call_s is None:
       self.first_call_s = seconds
+      return
+    if traced:
       return
     self.steps += steps
     self.train_s += seconds
