@@ -64,6 +64,7 @@ def test_an_earlier_version_2_result_loads_with_the_fields_added_since_as_null(p
   result = _read(path, tmp_path)
   assert "model_parallel" not in raw["communication"]
   assert result.communication.model_parallel is None
+  assert "profile" not in raw and result.profile is None   # Before --profile_steps.
   assert (result.status, result.examples_per_s) == (raw["status"], raw["examples_per_s"])
 
 

@@ -23,6 +23,7 @@ timed span (time to target), and the record says how long they took. A resumed
 session profiles what is left of A..B; one that starts past B writes none.
 """
 
+import json
 import os
 import time
 
@@ -113,3 +114,72 @@ def xplane_files(directory: str) -> list[str]:
   for root, _, files in os.walk(directory):
     found += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
   return sorted(found)
+
+
+def top_ops(xplane_paths: list[str], top: int = 20) -> dict:
+  """Where a trace's time went, as TensorBoard's profile plugin tabulates it.
+
+  {'tf_op_types' / 'tf_ops': {'Host'|'Device': [row, ...]}, 'hlo_categories' / 'hlo_ops':
+  [row, ...]}; each list the `top` largest by self time (microseconds, summed over the
+  trace's calls), with its share of that side's busy time (idle left out). The HLO
+  lists are empty where nothing ran compiled by XLA.
+  """
+  from replibench import internals  # pylint: disable=import-outside-toplevel
+  tables = json.loads(internals.profile_tool_data(xplane_paths, "framework_op_stats"))
+  rows = _rows(tables[-1] if isinstance(tables, list) else tables)   # The last: idle left out.
+  out = {"tf_op_types": {}, "tf_ops": {}}
+  for side in sorted({r["host_or_device"] for r in rows}):
+    mine = [r for r in rows if r["host_or_device"] == side]
+    out["tf_ops"][side] = _largest(mine, "operation", "type", top)
+    out["tf_op_types"][side] = _largest(mine, "type", None, top)
+  hlo = _rows(json.loads(internals.profile_tool_data(xplane_paths, "hlo_stats")))
+  out["hlo_ops"] = _largest(hlo, "hlo_op_name", "category", top)
+  out["hlo_categories"] = _largest(hlo, "category", None, top)
+  return out
+
+
+def _rows(table: dict) -> list[dict]:
+  """A JSON DataTable's rows as {column id: value}."""
+  ids = [c["id"] for c in table.get("cols", [])]
+  return [{i: (c or {}).get("v") for i, c in zip(ids, row["c"])} for row in table.get("rows", [])]
+
+
+def _largest(rows: list[dict], key: str, kind: str | None, top: int) -> list[dict]:
+  """rows summed by key, largest self time first: [{name, kind, occurrences, self_us,
+  share}]."""
+  sums = {}
+  for r in rows:
+    name = r.get(key) or "?"
+    entry = sums.setdefault(name, {"name": name, "kind": r.get(kind) if kind else None,
+                                   "occurrences": 0, "self_us": 0.0})
+    entry["occurrences"] += int(r.get("occurrences") or 0)
+    entry["self_us"] += float(r.get("total_self_time") or 0.0)
+  total = sum(e["self_us"] for e in sums.values()) or 1.0
+  ranked = sorted(sums.values(), key=lambda e: -e["self_us"])[:top]
+  return [{**e, "self_us": round(e["self_us"], 1), "share": round(e["self_us"] / total, 4)}
+          for e in ranked]
+
+
+def format_top_ops(found: dict, calls: int = 1) -> str:
+  """top_ops' lists as markdown tables (times per traced call, in ms)."""
+  lines = []
+  sections = [(f"TensorFlow op types, {side}", found["tf_op_types"][side])
+              for side in found["tf_op_types"]]
+  sections += [(f"TensorFlow ops, {side}", found["tf_ops"][side]) for side in found["tf_ops"]]
+  sections += [("XLA (HLO) op categories", found["hlo_categories"]),
+               ("XLA (HLO) ops", found["hlo_ops"])]
+  for title, rows in sections:
+    if not rows:
+      continue
+    lines += [f"### {title}", "", "| # | name | kind | count | self ms a call | share |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {i} | `{_tail(r['name'])}` | {r['kind'] or ''} | {r['occurrences']} | "
+              f"{r['self_us'] / 1e3 / max(calls, 1):,.2f} | {r['share']:.1%} |"
+              for i, r in enumerate(rows, 1)]
+    lines.append("")
+  return "\n".join(lines)
+
+
+def _tail(name: str, width: int = 90) -> str:
+  """An op's name cut to its last characters (the layer and op; the scopes lead)."""
+  return name if len(name) <= width else "..." + name[-(width - 3):]
