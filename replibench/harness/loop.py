@@ -161,7 +161,10 @@ class _Run:
     while int(self.step.numpy()) < self.limit:
       traced = self.profiler.before_call(int(self.step.numpy()))
       t0 = time.monotonic()
-      outputs = self.train()
+      with self.profiler.step(int(self.step.numpy()) + steps_per_call):
+        outputs = self.train()
+        if traced:   # The marker ends when the call's work has (a GPU runs ahead).
+          float(outputs["loss"])
       if exp.inject_slowdown:   # s / (1 - s) of the call's time removes s of examples/s.
         time.sleep((time.monotonic() - t0) * exp.inject_slowdown / (1 - exp.inject_slowdown))
       step = int(self.step.assign_add(steps_per_call).numpy())

@@ -23,6 +23,7 @@ timed span (time to target), and the record says how long they took. A resumed
 session profiles what is left of A..B; one that starts past B writes none.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -64,6 +65,13 @@ class StepProfiler:
       self.calls += 1
       self.traced = [self.traced[0] if self.traced else first, last]
     return self.active
+
+  def step(self, step_num: int):
+    """A traced call's step marker (tf.profiler.experimental.Trace with step_num: the
+    profile plugin's overview and step-time graph count steps by it); else nothing."""
+    if not self.active:
+      return contextlib.nullcontext()
+    return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)
 
   def after_call(self, done: int) -> None:
     """Called with the steps done after a call: stops once step B is done."""
