@@ -1,0 +1,40 @@
+"""The benchmarks around profiles: benchmarks/keras_peer.py (Keras' `model.fit` peer of
+the ResNet-50 row, tiny on a CPU) and benchmarks/throughput.py --profile's runs."""
+
+import json
+import subprocess
+import sys
+
+from tests import helpers
+
+
+def _script(name: str, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, f"benchmarks/{name}", *args], cwd=helpers.REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_keras_peer_trains_resnet50_with_model_fit_at_tiny_size(tmp_path):
+  out = tmp_path / "peer"
+  run = _script("keras_peer.py", "--scale=tiny", "--precisions=float32", "--jit=false",
+                "--batch=2", "--steps=1", "--warmup_steps=1", f"--out={out}")
+  assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+  (row,) = json.load(open(f"{out}.json"))["rows"]
+  assert (row["precision"], row["jit_compile"], row["batch"]) == ("float32", False, 2)
+  assert row["images_per_s"] > 0 and row["device"] == "CPU"
+  assert "| keras.applications.ResNet50 | float32 | False | 2 |" in open(f"{out}.md").read()
+
+
+def test_the_keras_peer_lists_its_trials_and_refuses_unknown_ones():
+  run = _script("keras_peer.py", "--dry_run", "--precisions=mixed_bfloat16,mixed_float16")
+  assert run.returncode == 0 and len(run.stdout.splitlines()) == 4, run.stdout
+  assert "--one=mixed_float16,1" in run.stdout and "--batch=256" in run.stdout
+  bad = _script("keras_peer.py", "--precisions=float8")
+  assert bad.returncode == 2 and "float8" in bad.stderr
+
+
+def test_throughput_profile_adds_one_traced_call_to_each_run():
+  run = _script("throughput.py", "--dry_run", "--profile", "--scale=tiny",
+                "--models=resnet50", "--setups=replicas=1", "--precisions=float32")
+  assert run.returncode == 0, run.stderr
+  # Tiny: 4 timed steps in calls of 2, then the call of steps 5-6, profiled.
+  assert "Experiment.profile_steps = (5, 6)" in run.stdout and "--max_steps=6" in run.stdout
