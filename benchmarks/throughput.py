@@ -149,6 +149,7 @@ def command(t: Trial, machine: Machine, args, workdir: str) -> list[str]:
                "Experiment.train_epochs = 1000"]   # --max_steps ends the run.
   if t.kind == "replicas":
     bindings.append(f"topology.Local.device = '{machine.device}'")
+  bindings += args.gin_bindings   # Last: the caller's word wins (e.g. jit_compile).
   return bench_runs.command(model.config, t.kind, t.n, bindings, steps, workdir,
                             args.cpus_per_worker)
 
@@ -304,6 +305,9 @@ def main():
   parser.add_argument("--cpus_per_worker", type=int, default=1)
   parser.add_argument("--rounds", type=int, default=1, help="median over rounds")
   parser.add_argument("--out", default="", help="also write the rows (JSON) and table here")
+  parser.add_argument("--gin_bindings", action="append", default=[], help="a binding for "
+                      "every run, after the bench's own (repeatable), e.g. "
+                      "'Experiment.jit_compile = True'")
   parser.add_argument("--profile", action="store_true", help="profile one more call of "
                       "each row's run and keep the profile and its top ops")
   parser.add_argument("--dry_run", action="store_true")
@@ -331,6 +335,7 @@ def main():
 def report(runs: dict, machine: Machine, args) -> tuple[list[dict], list[str]]:
   rows = _rows(runs, machine, args)
   lines = [f"machine: {describe_machine([r for rs in runs.values() for r in rs])}",
+           *([f"bindings: {'; '.join(args.gin_bindings)}"] if args.gin_bindings else []),
            *(f"peak, {p}: {peak_flops(machine, p)[1]}" for p in dict.fromkeys(
                t.precision for t in runs)), "", *table(rows)]
   profiled = [r for r in rows if r.get("profile")]
