@@ -28,7 +28,7 @@ import sys
 import time
 
 SCALES = {   # image size, batch, warmup steps, timed steps
-    "full": (224, 256, 10, 50),
+    "full": (224, 256, 5, 40),
     "tiny": (32, 4, 1, 2),
 }
 PRECISIONS = ("mixed_bfloat16", "mixed_float16", "float32")
