@@ -38,3 +38,22 @@ def test_throughput_profile_adds_one_traced_call_to_each_run():
   assert run.returncode == 0, run.stderr
   # Tiny: 4 timed steps in calls of 2, then the call of steps 5-6, profiled.
   assert "Experiment.profile_steps = (5, 6)" in run.stdout and "--max_steps=6" in run.stdout
+
+
+def test_the_accelerator_run_rehearses_its_phases_in_the_budgets_order():
+  """tools/accelerator/run.sh all --dry-run: every phase's commands, in issue 41's order;
+  plan --dry-run: each session within a lent machine's 15 minutes."""
+  run = subprocess.run(["tools/accelerator/run.sh", "all", "--dry-run"], cwd=helpers.REPO,
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0, run.stderr
+  text = run.stdout + run.stderr
+  marks = ["keras_peer.py --precisions=mixed_bfloat16 --jit=false\\,true",
+           "--models=resnet50", "jit_compile\\ =\\ True --profile", "--models=sngan128",
+           "--models=d4pg_pixels", "scaling.py --workloads=resnet\\,sngan\\,d4pg "
+           "--worker_counts=1\\,2\\,4\\,8 --cpus_per_worker=2"]
+  positions = [text.find(m) for m in marks]
+  assert -1 not in positions and positions == sorted(positions), (positions, text)
+  plan = subprocess.run(["tools/accelerator/run.sh", "plan", "--dry-run"], cwd=helpers.REPO,
+                        capture_output=True, text=True, timeout=60)
+  assert plan.returncode == 0 and "Session A" in plan.stdout and "Session B" in plan.stdout
+  assert "OVER" not in plan.stdout, plan.stdout

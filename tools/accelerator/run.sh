@@ -306,7 +306,7 @@ cmd_machine() {   # results/accelerator/machine.md: what the figures ran on
     echo '```'; lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node\(|Flags' | cut -c1-300; free -g; echo '```'
     echo '```'; uname -r; "$py" -c "import sys, tensorflow as tf, numpy; print(sys.version); print('tensorflow', tf.__version__, tf.sysconfig.get_build_info()); print('numpy', numpy.__version__); print(tf.config.list_physical_devices())" 2>&1 | grep -v '^[WIE]0000\|^WARNING: All'; echo '```'
     echo "replibench commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
-    echo "CUDA libraries TensorFlow loads (.accel/cuda12 -> the image's):"; ls -l "$ACCEL/cuda12" | awk 'NR > 1 {print "  " $9 " -> " $11}'
+    echo "CUDA libraries TensorFlow loads (.accel/cuda12 -> the image's):"; { ls -l "$ACCEL/cuda12" 2>/dev/null || echo "none (TensorFlow's own CUDA wheels)"; } | awk 'NR > 1 || /^none/ {print "  " ($9 ? $9 " -> " $11 : $0)}'
   } > "$f"
   say "wrote $f"
 }
