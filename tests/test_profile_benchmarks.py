@@ -49,11 +49,12 @@ def test_the_accelerator_run_rehearses_its_phases_in_the_budgets_order():
   text = run.stdout + run.stderr
   marks = ["keras_peer.py --precisions=mixed_bfloat16 --jit=false\\,true",
            "--models=resnet50", "jit_compile\\ =\\ True --profile", "--models=sngan128",
-           "--models=d4pg_pixels", "scaling.py --workloads=resnet\\,sngan\\,d4pg "
-           "--worker_counts=1\\,2\\,4\\,8 --cpus_per_worker=2"]
+           "--models=d4pg_pixels",
+           *(f"scaling.py --workloads={w} --worker_counts=1\\,2\\,4\\,8 --cpus_per_worker=2"
+             for w in ("resnet", "sngan", "d4pg"))]
   positions = [text.find(m) for m in marks]
   assert -1 not in positions and positions == sorted(positions), (positions, text)
   plan = subprocess.run(["tools/accelerator/run.sh", "plan", "--dry-run"], cwd=helpers.REPO,
                         capture_output=True, text=True, timeout=60)
-  assert plan.returncode == 0 and "Session A" in plan.stdout and "Session B" in plan.stdout
+  assert plan.returncode == 0 and all(f"Session {s}" in plan.stdout for s in "ABC")
   assert "OVER" not in plan.stdout, plan.stdout

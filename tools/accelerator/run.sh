@@ -137,10 +137,12 @@ cmd_split() {   # payload.tar.xz -> parts/NN/chunk, each with the MANIFEST
 
 # The device calls after the parts, in the order the budget buys them: session, name,
 # seconds estimated (one H100/H200 and 16 cores; the 2026-11-26 H200 run measured the
-# start at 30 s and install at 35 s), the phase's own time limit, and the command. Each
-# limit is under a call's 10 minutes. Session A is the GPU half, B the CPU scaling: one
-# lent machine's 15 minutes hold one of them (start, parts and install included); with
-# one machine run A, then B's phase on the next (or on A's machine if the time is left).
+# start at 30 s and install at 35 s; the rest are guesses), the phase's own time limit,
+# and the command. Each limit is under a call's 10 minutes. One lent machine's 15
+# minutes (start, parts and install included) hold one session: A, the GPU half; B and
+# C, the CPU scaling phase, one workload a call (benchmarks/scaling.py at 1, 2, 4, 8
+# workers of 2 cores, strong and weak, and D's ceiling runs: ~5 min a workload). With
+# time left on a machine, go on with the next session's phases after installing once.
 PHASES=(
   "A|install|45|300|tools/accelerator/run.sh install && tools/accelerator/run.sh machine"
   "A|keras-peer|130|240|tools/accelerator/run.sh keras-peer"
@@ -148,7 +150,10 @@ PHASES=(
   "A|bench-xla sngan128|160|240|tools/accelerator/run.sh bench-xla sngan128"
   "A|bench-xla d4pg_pixels|100|200|tools/accelerator/run.sh bench-xla d4pg_pixels"
   "B|install|45|300|tools/accelerator/run.sh install && tools/accelerator/run.sh machine"
-  "B|bench-cpu|540|560|tools/accelerator/run.sh bench-cpu"
+  "B|bench-cpu resnet|300|560|tools/accelerator/run.sh bench-cpu resnet"
+  "B|bench-cpu sngan|300|560|tools/accelerator/run.sh bench-cpu sngan"
+  "C|install|45|300|tools/accelerator/run.sh install && tools/accelerator/run.sh machine"
+  "C|bench-cpu d4pg|300|560|tools/accelerator/run.sh bench-cpu d4pg"
 )
 START_S=60        # Machine start, counted (the tool says minutes; 30 s on 2026-11-26).
 PART_S=15         # One call carrying one part (the tree too).
@@ -174,10 +179,13 @@ cmd_plan() {   # The device calls, in order, session by session, with the 15-min
   echo "30 s after each call; if it went back, 'status' names the parts to carry again."
   echo "Tree $tree MiB + one part a call; $n parts. Each call's timeout_s: its limit + 30 s."
   local session
-  for session in A B; do
+  for session in A B C; do
     echo
-    [[ $session == A ]] && echo "Session A (a lent machine's 15 minutes): the GPU half" \
-                        || echo "Session B (the next lent machine's, or A's if time is left): the CPU scaling phase"
+    case $session in
+      A) echo "Session A (a lent machine's 15 minutes): the GPU half" ;;
+      B) echo "Session B (the next lent machine's): the CPU scaling phase, ResNet and SN-GAN" ;;
+      C) echo "Session C (the next one's, or what B leaves): the CPU scaling phase, D4PG" ;;
+    esac
     printf '  %-4s %-60s %7s %7s %9s\n' "#" "call" "est. s" "limit" "at (min)"
     local t=$START_S i=0 d
     printf '  %-4s %-60s %7s %7s %9s\n' "-" "(machine start)" "$START_S" "-" "$(minutes $t)"
@@ -388,7 +396,7 @@ bundle() {   # WORK NAME: NAME.md (WORK's tables and top ops) and NAME.tar.gz (a
 cmd_bench_cpu() {   # [WORKLOADS]: 1, 2, 4 and 8 worker processes, 2 cores each, on 16 cores
   needs_install; environment
   local py; py=$(device_python) workloads="${1:-resnet,sngan,d4pg}"
-  local limit; limit=$(phase_limit bench-cpu)
+  local limit; limit=$(phase_limit "bench-cpu $workloads")
   if ((!DRY)) && [[ -z "${REPLIBENCH_FASHION_MNIST_DIR:-}" && ! -f "$FMNIST_SRC/${FMNIST_FILES[0]}" ]]; then
     say "no Fashion-MNIST: neither carried ($ACCEL/datasets) nor in $FMNIST_SRC"; exit 1
   fi
@@ -403,13 +411,13 @@ cmd_all() {   # Every phase after install, in the budget's order (the ordinary p
   local entry name rest
   for entry in "${PHASES[@]}"; do
     IFS='|' read -r session name _ _ _ <<< "$entry"
-    [[ $session == B && $name == install ]] && continue   # Once is enough on one machine.
+    [[ $session != A && $name == install ]] && continue   # Once is enough on one machine.
     [[ "$name" == install ]] && { ((DRY)) && cmd_install; [[ -n "${ACCEL_PYTHON:-}" ]] || ((DRY)) || needs_install; cmd_machine; continue; }
     rest="${name#* }"; [[ "$rest" == "$name" ]] && rest=""
     case "$name" in
       keras-peer) cmd_keras_peer ;;
       bench-xla*) cmd_bench_xla "$rest" ;;
-      bench-cpu) cmd_bench_cpu ;;
+      bench-cpu*) cmd_bench_cpu "$rest" ;;
     esac
   done
 }
