@@ -133,17 +133,26 @@ def top_ops(xplane_paths: list[str], top: int = 20) -> dict:
   lists are empty where nothing ran compiled by XLA.
   """
   from replibench import internals  # pylint: disable=import-outside-toplevel
-  tables = json.loads(internals.profile_tool_data(xplane_paths, "framework_op_stats"))
-  rows = _rows(tables[-1] if isinstance(tables, list) else tables)   # The last: idle left out.
+  # framework_op_stats holds two tables, with idle time and without: the last.
+  rows = _rows(_last_table(internals.profile_tool_data(xplane_paths, "framework_op_stats")))
   out = {"tf_op_types": {}, "tf_ops": {}}
   for side in sorted({r["host_or_device"] for r in rows}):
     mine = [r for r in rows if r["host_or_device"] == side]
     out["tf_ops"][side] = _largest(mine, "operation", "type", top)
     out["tf_op_types"][side] = _largest(mine, "type", None, top)
-  hlo = _rows(json.loads(internals.profile_tool_data(xplane_paths, "hlo_stats")))
+  try:   # On a CPU, XLA's ops are not traced one by one: no rows.
+    hlo = _rows(_last_table(internals.profile_tool_data(xplane_paths, "hlo_stats")))
+  except ValueError:   # This TensorFlow has no such tool, or it returned no JSON.
+    hlo = []
   out["hlo_ops"] = _largest(hlo, "hlo_op_name", "category", top)
   out["hlo_categories"] = _largest(hlo, "category", None, top)
   return out
+
+
+def _last_table(data: bytes) -> dict:
+  """A tool's JSON DataTable (the last, where it returns several); {} if none."""
+  found = json.loads(data) if data.strip() else {}
+  return (found[-1] if found else {}) if isinstance(found, list) else found
 
 
 def _rows(table: dict) -> list[dict]:
