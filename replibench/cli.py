@@ -23,8 +23,9 @@ flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, applied after the f
 flags.DEFINE_string("workdir", None, "Run (or sweep) directory: checkpoints, events, result.json.")
 flags.DEFINE_integer("max_steps", None, "Stop training after this many steps (quick tries).")
 flags.DEFINE_list("profile_steps", None, "run: write a TensorFlow profile of steps A,B (from 1; "
-                  "the whole calls that train them) into the run's TensorBoard directory; "
-                  "the same as --gin_bindings='Experiment.profile_steps = (A, B)'.")
+                  "the whole calls that train them) into the run's TensorBoard directory "
+                  "(plan: say which calls); the same as --gin_bindings="
+                  "'Experiment.profile_steps = (A, B)'.")
 flags.DEFINE_boolean("json", False, "Print JSON instead of a table.")
 flags.DEFINE_integer("workers", 2, "Worker processes to start.")
 flags.DEFINE_integer("ps", 0, "Parameter servers; > 0 adds a chief and these ps tasks "
@@ -124,7 +125,7 @@ def cmd_run(args) -> int:
 def cmd_plan(args) -> int:
   from replibench.config.plan import format_plan, make_plan  # pylint: disable=import-outside-toplevel
   _no_arguments("plan", args)
-  plan = make_plan(_compile())
+  plan = make_plan(_compile(_profile_bindings()))
   print(json.dumps(plan, indent=1) if FLAGS.json else format_plan(plan))
   return errors.EXIT_OK
 
