@@ -274,6 +274,7 @@ tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall(sys.argv[1], filt
 cmd_install() {
   if ((DRY)); then echo "+ reassemble $ACCEL/parts -> $ACCEL/site; link CUDA 13 libraries under CUDA 12 names in $ACCEL/cuda12; check the GPU"; return; fi
   local py; py=$(device_python)
+  begin install
   reassemble
   "$py" "$HERE/cuda_libraries.py" "$ACCEL/cuda12" "$ACCEL/site"
   environment
@@ -292,6 +293,7 @@ print("conv", conv.device, "matmul", mm.device, "fft", fft.device, "ok")
 EOF
   date -u +%FT%TZ > "$ACCEL/installed"
   say "installed; PYTHONPATH=$ACCEL/site"
+  finish install
 }
 
 environment() {
