@@ -158,10 +158,10 @@ class _Run:
   def _train(self, meter, elapsed) -> tuple[str, int | None]:
     exp, steps_per_call = self.experiment, self.spec.steps_per_call
     self.mllog.block_start(self._samples())
-    while int(self.step.numpy()) < self.limit:
-      traced = self.profiler.before_call(int(self.step.numpy()))
+    while (done := int(self.step.numpy())) < self.limit:
+      traced = self.profiler.before_call(done)
       t0 = time.monotonic()
-      with self.profiler.step(int(self.step.numpy()) + steps_per_call):
+      with self.profiler.step(done + steps_per_call):
         outputs = self.train()
         if traced:   # The marker ends when the call's work has (a GPU runs ahead).
           float(outputs["loss"])
