@@ -112,8 +112,8 @@ def cmd_run(args) -> int:
     raise UserError("run: --workdir is required.")
   if FLAGS.max_steps is not None:
     inputs.number("--max_steps", FLAGS.max_steps, 1, integer=True, meaning="steps")
-  # On a worker or ps task of a parameter-server cluster it serves and never returns.
   profile = _profile_bindings()
+  # On a worker or ps task of a parameter-server cluster it serves and never returns.
   result = run_experiment(_compile(profile), FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (
       "status", "target_metric", "target", "time_to_target_s", "steps_to_target",
