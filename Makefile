@@ -19,6 +19,10 @@
 #   make history          the results history's HTML dashboard with change points (runs/history/)
 #   make bench-throughput the full-size models on synthetic data: images/s per device,
 #                         step time, fraction of peak, memory, scaling (results/throughput/)
+#   make bench-accelerator  on a GPU machine (after `.venv/bin/pip install 'tensorflow[and-cuda]==2.21.*'`):
+#                         the Keras model.fit peer, the three models with and without XLA in
+#                         bfloat16 and float16 (ResNet-50 profiled), the 16-core CPU scaling
+#                         (tools/accelerator/run.sh all; results/latest/accelerator/)
 #   make bench-model-parallel  memory and step time against the devices a replica spans,
 #                         the pipeline bubble, bytes per axis (results/model_parallel/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
@@ -57,7 +61,7 @@ FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
 	bench-overlap \
-	bench-ab history bench-throughput \
+	bench-ab history bench-throughput bench-accelerator \
 	bench-model-parallel \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
@@ -176,6 +180,11 @@ bench-scaling: install data
 # results/scaling/overlap-resnet.{txt,json}.
 bench-overlap: install data
 	$(PY) benchmarks/overlap.py
+
+# The accelerator run's phases with this venv's Python (the ordinary path; the lent
+# machine without a package index carries a bundle instead: tools/accelerator/run.sh plan).
+bench-accelerator: install data
+	ACCEL_PYTHON=$(abspath $(PY)) OUT=$(CURDIR)/results/latest/accelerator tools/accelerator/run.sh all
 
 # The paper's models at full size on synthetic data (issue 36): replicas=1/2 and workers=1/2,
 # float32 and bfloat16, each model at a fixed batch a device; THROUGHPUT_ARGS adds flags

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,11 +41,17 @@ def result(workdir: str, returncode: int, output: str, label: str) -> dict:
     return json.load(f)
 
 
-def run(cmd: list[str], label: str, env: dict | None = None) -> tuple[dict, str]:
-  """Runs cmd (whose --workdir is WORKDIR) in a fresh directory: (result.json, output)."""
+def run(cmd: list[str], label: str, env: dict | None = None,
+        keep: str | None = None) -> tuple[dict, str]:
+  """Runs cmd (whose --workdir is WORKDIR) in a fresh directory: (result.json, output).
+  keep: a directory to copy the run's TensorBoard files to (its profile, events and
+  result.json; not its checkpoints)."""
   with tempfile.TemporaryDirectory() as workdir:
     cmd = [a.replace("WORKDIR", workdir) for a in cmd]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
     output = proc.stdout + proc.stderr
+    if keep:
+      shutil.copytree(workdir, keep, dirs_exist_ok=True,
+                      ignore=shutil.ignore_patterns("checkpoints", ".lock"))
     return result(workdir, proc.returncode, output, label), output

@@ -4,6 +4,14 @@
     .venv/bin/python benchmarks/throughput.py --machine=gpu    # one GPU, 3 precisions
     .venv/bin/python benchmarks/throughput.py --scale=tiny     # checks the bench in minutes
     .venv/bin/python benchmarks/throughput.py --dry_run        # the runs it would make
+    .venv/bin/python benchmarks/throughput.py --profile --out=F  # and a profile a row
+
+With --profile each row's run trains one more call, which it profiles (`replibench run
+--profile_steps`, results/profile/README.md; the traced call counts in no examples/s,
+so the timed calls are the rows' without it): its TensorBoard files go to
+OUT-profiles/ROW/ (or runs/throughput-profiles/ROW/ without --out; `tensorboard
+--logdir` on that folder shows every row as a run) with ROW/top_ops.md, its top ops
+(benchmarks/profile_top_ops.py), and the row's `profile` names the folder.
 
 The way tf_cnn_benchmarks, Horovod and NVIDIA's DeepLearningExamples measure
 data-parallel training: ImageNet-shaped synthetic data (replibench/data/synthetic.py),
@@ -37,6 +45,8 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
+import sys
 import time
 
 import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
@@ -130,12 +140,16 @@ def command(t: Trial, machine: Machine, args, workdir: str) -> list[str]:
     bindings.append(f"Experiment.global_batch_size = {_tiny_batch(model) * t.n}")
   steps_per_call = 2 if tiny else machine.steps_per_call
   steps = args.steps or (4 if tiny else machine.steps[t.model])
+  if args.profile:   # One more call, traced: the timed calls stay the row's own.
+    bindings.append(f"Experiment.profile_steps = ({steps + 1}, {steps + steps_per_call})")
+    steps += steps_per_call
   bindings += [f"Experiment.precision = '{t.precision}'",
                f"Experiment.steps_per_call = {steps_per_call}",
                f"Experiment.log_every_steps = {steps_per_call}",
                "Experiment.train_epochs = 1000"]   # --max_steps ends the run.
   if t.kind == "replicas":
     bindings.append(f"topology.Local.device = '{machine.device}'")
+  bindings += args.gin_bindings   # Last: the caller's word wins (e.g. jit_compile).
   return bench_runs.command(model.config, t.kind, t.n, bindings, steps, workdir,
                             args.cpus_per_worker)
 
@@ -153,14 +167,39 @@ def environment(machine: Machine) -> dict:
   return {"CUDA_VISIBLE_DEVICES": ""} if machine.device == "cpu" else {}
 
 
-def measure(t: Trial, machine: Machine, args) -> dict:
+def measure(t: Trial, machine: Machine, args, round_index: int = 0) -> dict:
   started = time.monotonic()
+  keep = profile_dir(t, args, round_index) if args.profile else None
   try:
     result, _ = bench_runs.run(command(t, machine, args, "WORKDIR"), t.label,
-                               environment(machine))
+                               environment(machine), keep=keep)
   except RuntimeError as e:
     return {FAILED: str(e)[-3000:]}
+  if keep:
+    inside = os.path.abspath(keep).startswith(REPO + os.sep)
+    result["profile_dir"] = os.path.relpath(keep, REPO) if inside else os.path.abspath(keep)
+    write_top_ops(keep)
   return {**result, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def profile_dir(t: Trial, args, round_index: int) -> str:
+  """Where a row's profile is kept: OUT-profiles/ROW (runs/throughput-profiles/ROW)."""
+  root = f"{args.out}-profiles" if args.out else os.path.join(REPO, "runs",
+                                                              "throughput-profiles")
+  name = t.label.replace(" ", "_").replace("=", "")
+  return os.path.join(root, name + (f"_round{round_index + 1}" if args.rounds > 1 else ""))
+
+
+def write_top_ops(directory: str) -> None:
+  """directory/top_ops.md, by benchmarks/profile_top_ops.py (a process of its own:
+  TensorFlow stays out of this one, and off the GPU)."""
+  script = os.path.join(REPO, "benchmarks", "profile_top_ops.py")
+  proc = subprocess.run([sys.executable, script, directory, "--top=15",
+                         f"--out={os.path.join(directory, 'top_ops.md')}"], cwd=REPO,
+                        capture_output=True, text=True, env={**os.environ,
+                                                             "CUDA_VISIBLE_DEVICES": ""})
+  if proc.returncode:
+    print(f"top ops of {directory} failed: {proc.stderr[-1500:]}", flush=True)
 
 
 def peak_flops(machine: Machine, precision: str) -> tuple[float | None, str]:
@@ -214,6 +253,7 @@ def row(t: Trial, result: dict, base: dict | None, machine: Machine, args) -> di
       "speedup": speedup, "efficiency": speedup / ideal if speedup else None,
       "calibration_gflops": ((result.get("machine") or {}).get("calibration") or {}).get(
           "matmul_gflops"),
+      "profile": result.get("profile_dir"),
   }
 
 
@@ -265,6 +305,11 @@ def main():
   parser.add_argument("--cpus_per_worker", type=int, default=1)
   parser.add_argument("--rounds", type=int, default=1, help="median over rounds")
   parser.add_argument("--out", default="", help="also write the rows (JSON) and table here")
+  parser.add_argument("--gin_bindings", action="append", default=[], help="a binding for "
+                      "every run, after the bench's own (repeatable), e.g. "
+                      "'Experiment.jit_compile = True'")
+  parser.add_argument("--profile", action="store_true", help="profile one more call of "
+                      "each row's run and keep the profile and its top ops")
   parser.add_argument("--dry_run", action="store_true")
   args = parser.parse_args()
   machine = MACHINES[args.machine]
@@ -276,7 +321,7 @@ def main():
   runs = {t: [] for t in chosen}
   for r in range(args.rounds):
     for t in chosen:
-      result = measure(t, machine, args)
+      result = measure(t, machine, args, r)
       runs[t].append(result)
       said = (f"FAILED {result[FAILED]}" if FAILED in result else
               f"{result['throughput']['examples_per_s']} ex/s, {result['wall_s']} s")
@@ -290,8 +335,14 @@ def main():
 def report(runs: dict, machine: Machine, args) -> tuple[list[dict], list[str]]:
   rows = _rows(runs, machine, args)
   lines = [f"machine: {describe_machine([r for rs in runs.values() for r in rs])}",
+           *([f"bindings: {'; '.join(args.gin_bindings)}"] if args.gin_bindings else []),
            *(f"peak, {p}: {peak_flops(machine, p)[1]}" for p in dict.fromkeys(
                t.precision for t in runs)), "", *table(rows)]
+  profiled = [r for r in rows if r.get("profile")]
+  if profiled:
+    lines += ["", "Profiles (one more call a row, traced; its top ops in top_ops.md):",
+              *(f"- {r['model']} {r['precision']} {r['setup']}: {r['profile']}"
+                for r in profiled)]
   return rows, lines
 
 

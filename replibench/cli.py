@@ -23,6 +23,10 @@ flags.DEFINE_multi_string("gin_file", [], "Gin config files, parsed in order.")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, applied after the files.")
 flags.DEFINE_string("workdir", None, "Run (or sweep) directory: checkpoints, events, result.json.")
 flags.DEFINE_integer("max_steps", None, "Stop training after this many steps (quick tries).")
+flags.DEFINE_list("profile_steps", None, "run: write a TensorFlow profile of steps A,B (from 1; "
+                  "the whole calls that train them) into the run's TensorBoard directory "
+                  "(plan: say which calls); the same as --gin_bindings="
+                  "'Experiment.profile_steps = (A, B)'.")
 flags.DEFINE_boolean("json", False, "Print JSON instead of a table.")
 flags.DEFINE_integer("workers", 2, "Worker processes to start.")
 flags.DEFINE_integer("ps", 0, "Parameter servers; > 0 adds a chief and these ps tasks "
@@ -77,11 +81,27 @@ flags.DEFINE_string("good", None, "bisect: a revision where the metric is as it 
 flags.DEFINE_string("bad", None, "bisect: a later revision where it has moved.")
 
 
-def _compile():
+def _compile(extra_bindings: tuple = ()):
   from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
   if not FLAGS.gin_file:
     raise UserError("--gin_file is required (e.g. --gin_file=configs/resnet/fashion_mnist.gin).")
-  return load_experiment(FLAGS.gin_file, FLAGS.gin_bindings)
+  return load_experiment(FLAGS.gin_file, [*FLAGS.gin_bindings, *extra_bindings])
+
+
+def _profile_bindings() -> tuple:
+  """--profile_steps=A,B as the binding it stands for (after --gin_bindings: it wins)."""
+  if FLAGS.profile_steps is None:
+    return ()
+  try:
+    steps = tuple(int(v) for v in FLAGS.profile_steps)
+  except ValueError:
+    steps = tuple(FLAGS.profile_steps)
+  first, last = inputs.step_range("--profile_steps", steps)
+  if FLAGS.max_steps is not None and first > FLAGS.max_steps:
+    raise UserError(f"--profile_steps={first},{last} with --max_steps={FLAGS.max_steps}: the "
+                    f"run stops before step {first}, so no profile would be written; give "
+                    f"A <= {FLAGS.max_steps}.")
+  return (f"Experiment.profile_steps = ({first}, {last})",)
 
 
 def _no_arguments(command: str, args: list) -> None:
@@ -96,8 +116,9 @@ def cmd_run(args) -> int:
     raise UserError("run: --workdir is required.")
   if FLAGS.max_steps is not None:
     inputs.number("--max_steps", FLAGS.max_steps, 1, integer=True, meaning="steps")
+  profile = _profile_bindings()
   # On a worker or ps task of a parameter-server cluster it serves and never returns.
-  result = run_experiment(_compile(), FLAGS.workdir, FLAGS.max_steps)
+  result = run_experiment(_compile(profile), FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (
       "status", "target_metric", "target", "time_to_target_s", "steps_to_target",
       "final_metric", "final_step", "examples_per_s", "init_s")}
@@ -111,7 +132,7 @@ def cmd_run(args) -> int:
 def cmd_plan(args) -> int:
   from replibench.config.plan import format_plan, make_plan  # pylint: disable=import-outside-toplevel
   _no_arguments("plan", args)
-  plan = make_plan(_compile())
+  plan = make_plan(_compile(_profile_bindings()))
   print(json.dumps(plan, indent=1) if FLAGS.json else format_plan(plan))
   return errors.EXIT_OK
 

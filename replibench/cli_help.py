@@ -17,13 +17,13 @@ COMMANDS = {
     "run": Command(
         "Compile a gin config and train it to its target (or resume the run in --workdir).",
         "replibench run --gin_file=F [--gin_file=G] [--gin_bindings='X.y = 1'] --workdir=DIR "
-        "[--max_steps=N]",
-        ("gin_file", "gin_bindings", "workdir", "max_steps"),
+        "[--max_steps=N] [--profile_steps=A,B]",
+        ("gin_file", "gin_bindings", "workdir", "max_steps", "profile_steps"),
         "replibench run --gin_file=configs/resnet/fashion_mnist.gin --workdir=runs/fmnist"),
     "plan": Command(
         "Compile a config without training: replicas, batch, FLOPs, bytes, schedule, target.",
-        "replibench plan --gin_file=F [--gin_bindings=B] [--json]",
-        ("gin_file", "gin_bindings", "json"),
+        "replibench plan --gin_file=F [--gin_bindings=B] [--profile_steps=A,B] [--json]",
+        ("gin_file", "gin_bindings", "profile_steps", "json"),
         "replibench plan --gin_file=configs/resnet/imagenet_tpu32.gin"),
     "launch": Command(
         "Start a cluster of processes on this machine, in a private network namespace "

@@ -139,3 +139,21 @@ def metric_fractions(culprit: str, items, metrics, low: float, high: float, *,
       raise UserError(f"{culprit}={item}: the fraction must be a number in "
                       f"{_range(low, high, low_open, high_open)}.") from None
   return out
+
+
+def step_range(culprit: str, value, total_steps: int | None = None) -> tuple[int, int]:
+  """A pair of steps (A, B) with 1 <= A <= B (and A <= total_steps: a step the run
+  trains); UserError naming culprit (--profile_steps, Experiment.profile_steps)."""
+  said = binding(culprit, ",".join(str(v) for v in value) if culprit.startswith("--")
+                 and isinstance(value, (tuple, list)) else value)
+  pair = value if isinstance(value, (tuple, list)) and len(value) == 2 else None
+  if pair is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+    raise UserError(f"{said}: give the first and last step as two integers, A,B (e.g. 5,6; "
+                    f"steps count from 1).")
+  first, last = pair
+  if first < 1 or last < first:
+    raise UserError(f"{said}: not a range of steps; give 1 <= A <= B (steps count from 1).")
+  if total_steps is not None and first > total_steps:
+    raise UserError(f"{said}: the run trains {total_steps} step(s), so step {first} never "
+                    f"runs and no profile would be written; give A <= {total_steps}.")
+  return first, last

@@ -14,7 +14,8 @@ whose internals moved, instead of letting the math change silently.
   gin               `config._LOCATION_PREFIXES` (search path de-duplication),
                     `config._inverse_lookup` (a configurable's name, for messages).
   TensorFlow        `tensorflow.python.profiler` (FLOP counting of a graph:
-                    tf.profiler.experimental has no FLOP counter);
+                    tf.profiler.experimental has no FLOP counter; a trace's
+                    op tables: `_pywrap_profiler_plugin.xspace_to_tools_data`);
                     `MirroredStrategy._collective_key_base` (a fresh key
                     range per strategy); `_pywrap_util_port.IsMklEnabled`
                     (whether oneDNN's CPU kernels are on: benchmarks);
@@ -117,6 +118,20 @@ def op_flops(graph, op) -> int:
   except (ValueError, TypeError):
     return 0
   return int(value or 0)
+
+
+# -- TensorFlow's profiler: a trace's tables (what TensorBoard's profile plugin shows) --
+
+def profile_tool_data(xplane_paths: list[str], tool: str) -> bytes:
+  """One profile tool's data ('framework_op_stats', 'hlo_stats', ...: JSON DataTables)
+  from .xplane.pb files, by the converter TensorFlow ships for the profile plugin
+  (tf.profiler has no public reader); ValueError if TensorFlow lacks the tool."""
+  from tensorflow.python.profiler.internal import _pywrap_profiler_plugin  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  data, ok = _pywrap_profiler_plugin.xspace_to_tools_data(list(xplane_paths), tool, {})
+  if not ok:
+    raise ValueError(f"TensorFlow's profiler converter has no tool {tool!r}: "
+                     f"{bytes(data)[:200]!r}")
+  return bytes(data)
 
 
 # -- tf.distribute: collective keys ----------------------------------------------------

@@ -2,15 +2,16 @@
 
 `RunResult` is the schema (with a version); `write` and `read` are the only
 code that touches the file. Its parts are typed records (Budget, Session,
-Network, NoiseScale, Machine, Communication with its ModelParallel, Throughput):
-frozen dataclasses read by attribute (`result.budget.total_steps`) or, as the plain
+Network, NoiseScale, Machine, Communication with its ModelParallel, Throughput,
+Profile): frozen dataclasses read by attribute (`result.budget.total_steps`) or, as the plain
 dicts of schema 1 were, by key (`result.budget["total_steps"]`; a field that schema 1
 left out when it had no value is absent then).
 
 Schema 2 writes every field of every record (null where nothing was measured).
 Schema 1 (and 0: no schema_version) wrote the records as dicts that left out
 what they did not measure; `read` takes them (`_from_v1`), and a result keeps
-the version it was read from until it is written again. Anything
+the version it was read from until it is written again. A field added to schema 2
+later (`profile`) is null where absent, and an older reader ignores it. Anything
 that is not such a record (bad JSON, a list, missing or mistyped required
 fields, an unknown status) is a UserError naming the file.
 """
@@ -197,6 +198,18 @@ class Throughput(Record):
   no_throughput_because: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Profile(Record):
+  """A TensorFlow profile of some training steps (`run --profile_steps`,
+  harness/profiling.py); paths relative to the run's directory."""
+  steps: list                    # [A, B] as asked.
+  traced_steps: list | None      # [first, last] step of the calls traced this session.
+  calls: int                     # Training calls traced.
+  logdir: str                    # The TensorBoard logdir it went to ('.': the run's).
+  trace_dir: str | None          # LOGDIR/plugins/profile/<start time>: the .xplane.pb files.
+  overhead_s: float              # The profiler's start and stop (not in the timed span).
+
+
 @dataclasses.dataclass
 class RunResult:
   """One run's outcome. Times in seconds; curve rows are [step, timed seconds, metric]."""
@@ -247,6 +260,8 @@ class RunResult:
   tf_version: str = ""
   machine: Machine | None = None
   throughput: Throughput | None = None   # On synthetic data, where time to target is undefined.
+  # Where `run --profile_steps` wrote its profile (absent before it existed: null).
+  profile: Profile | None = None
   error: str | None = None
   schema_version: int = SCHEMA_VERSION
 

@@ -71,6 +71,18 @@ def test_load_reads_idx_files(fake_dir):
   assert xt.shape == (N_TEST, 28, 28)
 
 
+def test_load_reads_the_directory_the_environment_names(fake_dir, monkeypatch):
+  """$REPLIBENCH_FASHION_MNIST_DIR (where tools/accelerator/run.sh unpacks the files it
+  carries) before the Debian directory, when no data_dir is given."""
+  monkeypatch.setenv(fashion_mnist.DIR_ENV, fake_dir)
+  fashion_mnist._load_cached.cache_clear()  # pylint: disable=protected-access
+  try:
+    x, _ = fashion_mnist.load("test")
+  finally:
+    fashion_mnist._load_cached.cache_clear()  # pylint: disable=protected-access
+  np.testing.assert_array_equal(x, _images(N_TEST))
+
+
 def test_load_caches_read_only_arrays(fake_dir):
   a = fashion_mnist.load("train", data_dir=fake_dir)
   b = fashion_mnist.load("train", data_dir=fake_dir + "/")

@@ -6,6 +6,7 @@ internals.py alone.
 """
 
 import inspect
+import json
 import os
 import platform
 
@@ -115,6 +116,24 @@ def test_graph_flops_counts_a_matmul():
   graph = tf.function(lambda a, b: tf.matmul(a, b)).get_concrete_function(
       tf.TensorSpec([4, 5]), tf.TensorSpec([5, 6])).graph
   assert internals.count_graph_flops(graph) == 2 * 4 * 5 * 6
+
+
+def test_the_profile_plugins_converter_tabulates_a_trace(tmp_path):
+  """internals.profile_tool_data: the op table TensorBoard's profile plugin shows, from
+  a trace's .xplane.pb files (harness/profiling.py's top ops read its columns)."""
+  step = tf.function(lambda a: tf.matmul(a, a))
+  step(tf.ones([64, 64]))
+  tf.profiler.experimental.start(str(tmp_path))
+  step(tf.ones([64, 64])).numpy()
+  tf.profiler.experimental.stop()
+  paths = [os.path.join(root, f) for root, _, files in os.walk(tmp_path) for f in files
+           if f.endswith(".xplane.pb")]
+  tables = json.loads(internals.profile_tool_data(paths, "framework_op_stats"))
+  columns = {c["id"] for c in tables[-1]["cols"]}
+  assert {"host_or_device", "type", "operation", "occurrences", "total_self_time"} <= columns
+  assert any("MatMul" in str(row["c"]) for row in tables[-1]["rows"])
+  with pytest.raises(ValueError, match="no tool"):
+    internals.profile_tool_data(paths, "no_such_tool")
 
 
 def test_the_versions_checked_are_recorded():

@@ -9,6 +9,7 @@ tests/data/results_v2/ holds schema-2 files of earlier writers (a launched 2-wor
 run at commit 454de3a, before communication.model_parallel existed).
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -64,6 +65,7 @@ def test_an_earlier_version_2_result_loads_with_the_fields_added_since_as_null(p
   result = _read(path, tmp_path)
   assert "model_parallel" not in raw["communication"]
   assert result.communication.model_parallel is None
+  assert "profile" not in raw and result.profile is None   # Before --profile_steps.
   assert (result.status, result.examples_per_s) == (raw["status"], raw["examples_per_s"])
 
 
@@ -117,3 +119,17 @@ def test_a_result_is_made_from_the_facts_alone(tmp_path):
   failed = outcome.failed_result(facts, OSError("disk"))
   assert (failed.status, failed.error, failed.curve) == (results.FAILED, "OSError: disk",
                                                           facts.curve)
+
+
+def test_a_profile_record_round_trips_and_a_newer_writers_fields_are_skipped(tmp_path):
+  """result.json's `profile` (run --profile_steps) reads back as a Profile; a field this
+  reader does not know (as `profile` is to readers from before it) is skipped."""
+  raw = json.load(open(V1[0]))
+  result = _read(V1[0], tmp_path)
+  profile = results.Profile(steps=[2, 3], traced_steps=[2, 3], calls=2, logdir=".",
+                            trace_dir="plugins/profile/2026_11_27_08_19_59", overhead_s=0.1)
+  results.write(str(tmp_path), dataclasses.replace(result, profile=profile))
+  assert results.read(str(tmp_path)).profile == profile
+  newer = {**json.load(open(tmp_path / results.FILE)), "a_later_record": {"x": 1}}
+  (tmp_path / results.FILE).write_text(json.dumps(newer))
+  assert results.read(str(tmp_path)).status == raw["status"]

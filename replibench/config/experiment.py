@@ -5,6 +5,7 @@ import math
 
 import gin
 
+from replibench import inputs
 from replibench.engine import Topology, TrainSpec
 from replibench.engine.regimes import Regime, Sync
 from replibench.errors import UserError
@@ -33,6 +34,9 @@ class Experiment:
   steps_per_call: int = 1               # Steps per tf.function call (host round trips).
   checkpoint_every_epochs: float = 1.0
   log_every_steps: int = 100
+  # A TensorFlow profile of steps (A, B) in the run's TensorBoard directory (None: none);
+  # `run --profile_steps=A,B` sets it. Which calls it traces: harness/profiling.py.
+  profile_steps: tuple | None = None
   regime: Regime = dataclasses.field(default_factory=Sync)   # How replicas combine updates.
   # Keras mixed-precision policy: 'float32' | 'mixed_bfloat16' | 'mixed_float16'
   # (replibench/workloads/precision.py: what stays float32, loss scaling).
@@ -62,6 +66,9 @@ class Experiment:
     self.regime.check_workload(self.workload)
     self._check_model_parallel()
     self._check_precision()
+    if self.profile_steps is not None:
+      self.profile_steps = inputs.step_range("Experiment.profile_steps", self.profile_steps,
+                                             self.total_steps)
 
   def _check_model_parallel(self) -> None:
     """A replica spanning devices needs a workload whose models can be split: refused

@@ -61,7 +61,18 @@ def make_plan(experiment: Experiment) -> dict:
       # On synthetic data the target is never checked (data/synthetic.py).
       **({"time_to_target": SYNTHETIC_TIME_TO_TARGET} if workload.synthetic_data else {}),
       "seed": spec.seed,
+      **({"profile": _profile(experiment.profile_steps, spec)} if experiment.profile_steps
+         else {}),
   }
+
+
+def _profile(steps: tuple[int, int], spec) -> str:
+  """What `run` will profile: the whole calls that train steps A..B (harness/profiling.py)."""
+  calls = spec.steps_per_call
+  first = (steps[0] - 1) // calls * calls + 1
+  last = min(-(-steps[1] // calls) * calls, spec.total_steps)
+  return (f"steps {steps[0]}-{steps[1]}: the calls of steps {first}-{last} traced into "
+          f"the run's TensorBoard directory (plugins/profile)")
 
 
 def batch_norm(kinds: set[str]) -> str | None:

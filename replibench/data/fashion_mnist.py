@@ -1,8 +1,9 @@
 """Fashion-MNIST (Xiao et al. 2017): 60,000 train / 10,000 test 28x28 grey images, 10 classes.
 
 Where the data comes from, in order:
-  1. the four IDX .gz files in `data_dir`, or in /usr/share/datasets/fashion-mnist
-     (Debian's `dataset-fashion-mnist`) when no data_dir is given;
+  1. the four IDX .gz files in `data_dir`, or when no data_dir is given in
+     $REPLIBENCH_FASHION_MNIST_DIR if set (tools/accelerator/run.sh carries them there),
+     else in /usr/share/datasets/fashion-mnist (Debian's `dataset-fashion-mnist`);
   2. TFDS `fashion_mnist`, already prepared in `data_dir` (or TFDS's default data
      dir), with download=False: nothing is fetched at run time.
 Anything else is a UserError that names every place looked at.
@@ -30,6 +31,7 @@ from replibench.data import partition
 from replibench.errors import UserError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+DIR_ENV = "REPLIBENCH_FASHION_MNIST_DIR"   # Where the IDX files are, if not DEFAULT_DIR.
 SPLITS = ("train", "test")
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)
@@ -115,7 +117,7 @@ def _load_tfds(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
-  idx_dir = data_dir or DEFAULT_DIR
+  idx_dir = data_dir or os.environ.get(DIR_ENV) or DEFAULT_DIR
   found = _load_idx(idx_dir, split) or _load_tfds(split, data_dir)
   if found is None:
     images_stem, labels_stem = _FILES[split]

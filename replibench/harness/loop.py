@@ -20,11 +20,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from replibench import engine, results
+from replibench import engine, inputs, results
 from replibench.config.experiment import Experiment
 from replibench.engine import ps
 from replibench.engine.measure import noise_scale
-from replibench.harness import netns, outcome, progress, provenance, slowdown, throughput, wire
+from replibench.harness import (netns, outcome, profiling, progress, provenance, slowdown,
+                                throughput, wire)
 from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
@@ -56,6 +57,11 @@ class _Run:
                               if self.synthetic else None)
     self.init_start += time.monotonic() - flops_start
     self.limit = min(self.spec.total_steps, max_steps or self.spec.total_steps)
+    if experiment.profile_steps is not None:   # Set in gin, beyond a --max_steps.
+      inputs.step_range("Experiment.profile_steps (with --max_steps)",
+                        experiment.profile_steps, self.limit)
+    self.profiler = profiling.StepProfiler(experiment.profile_steps, workdir,
+                                           self.spec.steps_per_call)
     self.mllog = MLPerfLog(workdir, enabled=self.chief)   # Buffered until init succeeds.
     self.mllog.start(MLC.INIT_START)
     with self.replicator.scope():
@@ -125,14 +131,19 @@ class _Run:
                    self.workdir, self.state.status)
       return self._result()
     self._session_base = float(self.elapsed.numpy())
-    elapsed = TimedSpan(self._session_base, clock=time.monotonic)
+    # The profiler's start and stop (writing the trace) are not the run's time.
+    elapsed = TimedSpan(self._session_base,
+                        clock=lambda: time.monotonic() - self.profiler.overhead_s)
     self.state.begin_session(int(self.step.numpy()), self.init_s)
     self.mllog.start(MLC.RUN_START, resumed_at_step=int(self.step.numpy()))
     self.wire = wire.WireMeter(int(self.step.numpy()))
     self.noise_window = {}   # Sums of the noise-scale norms since the last log line.
     meter = progress.Meter(int(self.step.numpy()), self.limit, self.spec.global_batch_size,
                            window_steps=self.experiment.log_every_steps)
-    status, reached_at = self._train(meter, elapsed)
+    try:
+      status, reached_at = self._train(meter, elapsed)
+    finally:   # An early end (target, divergence, a crash) still writes the trace.
+      self.profiler.stop()
     self.elapsed.assign(elapsed())
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
                              "first_call_s": meter.first_call_s, "windows": meter.windows,
@@ -156,13 +167,19 @@ class _Run:
   def _train(self, meter, elapsed) -> tuple[str, int | None]:
     exp, steps_per_call = self.experiment, self.spec.steps_per_call
     self.mllog.block_start(self._samples())
-    while int(self.step.numpy()) < self.limit:
+    while (done := int(self.step.numpy())) < self.limit:
+      traced = self.profiler.before_call(done)
       t0, cpu0 = time.monotonic(), time.process_time()
-      outputs = self.train()
+      with self.profiler.step(done + steps_per_call):
+        outputs = self.train()
+        if traced:   # The marker ends when the call's work has (a GPU runs ahead).
+          float(outputs["loss"])
       if exp.inject_slowdown:
         slowdown.add_work(time.monotonic() - t0, exp.inject_slowdown)
       step = int(self.step.assign_add(steps_per_call).numpy())
-      meter.trained(steps_per_call, time.monotonic() - t0, time.process_time() - cpu0)
+      meter.trained(steps_per_call, time.monotonic() - t0, time.process_time() - cpu0,
+                    traced=traced)
+      self.profiler.after_call(step)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
       self.state.add_regime_metrics(outputs)
@@ -271,7 +288,8 @@ class _Run:
         communication=self.communication,
         network=self._network(meter) if meter is not None else None,
         machine=results.Machine(**provenance.machine(measured.get("calibration"))),
-        throughput=results.Throughput.of(measured["record"]) if "record" in measured else None)
+        throughput=results.Throughput.of(measured["record"]) if "record" in measured else None,
+        profile=self.profiler.record())
 
   def _network(self, meter: wire.WireMeter) -> results.Network | None:
     """Bytes the cluster put on its wire this session, beside what the account predicts."""

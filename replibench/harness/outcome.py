@@ -54,6 +54,7 @@ class RunFacts:
   throughput: results.Throughput | None   # On synthetic data only.
   # [steps, wall s, process CPU s] per window of log_every_steps steps (progress.Meter).
   windows: list = dataclasses.field(default_factory=list)
+  profile: results.Profile | None = None   # `run --profile_steps`: where the trace went.
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -94,7 +95,8 @@ def _described(facts: RunFacts) -> dict:
           "topology": facts.topology, "scaling_kind": facts.scaling_kind,
           "num_workers": facts.num_workers, "num_replicas": facts.num_replicas,
           "global_batch_size": facts.global_batch_size, "seed": facts.seed,
-          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version}
+          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version,
+          "profile": facts.profile}
 
 
 def communication_account(account: dict | None, examples_per_s: float | None,

@@ -15,7 +15,8 @@ class Meter:
 
   Throughput leaves out each session's first training call, which also builds
   the executor and optimizes the graph (seconds for a GAN step): it is reported
-  apart as first_call_s, and still counts in the timed span.
+  apart as first_call_s, and still counts in the timed span. It leaves out the
+  calls the profiler traced too (harness/profiling.py: tracing slows them).
 
   The calls after the first are also summed in windows of window_steps steps:
   windows holds [steps, wall seconds, process CPU seconds] per finished window, in
@@ -34,10 +35,13 @@ class Meter:
     self.windows: list[list] = []
     self._open = [0, 0.0, 0.0]             # The window being summed.
 
-  def trained(self, steps: int, seconds: float, cpu_s: float = 0.0) -> None:
+  def trained(self, steps: int, seconds: float, cpu_s: float = 0.0,
+              traced: bool = False) -> None:
     self.recent.append((steps, seconds))
     if self.first_call_s is None:
       self.first_call_s = seconds
+      return
+    if traced:
       return
     self.steps += steps
     self.train_s += seconds
