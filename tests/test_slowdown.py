@@ -55,7 +55,7 @@ def test_a_run_records_its_windows_and_runs_the_slowdown_work(tmp_path):
   assert slowdown._WORK.matrix is not None              # the work ran in this process
 
 
-def test_the_real_slowdown_commit_keeps_resnets_numbers():
+def test_the_real_slowdown_commit_keeps_resnets_numbers(monkeypatch):
   """benchmarks/tracking_power_real.py's change to ResNet's stem (extra projections
   times a run-time zero) applies to models/resnet.py and leaves outputs and gradients
   exactly as they were: the change costs time and nothing else."""
@@ -73,10 +73,15 @@ def test_the_real_slowdown_commit_keeps_resnets_numbers():
   spec.loader.exec_module(script)
   source = open(os.path.join(helpers.REPO, script.MODEL)).read()
   assert source.count(script.ANCHOR) == 1
+  from models import resnet   # Registered with gin before the patched copy is made.
   patched = types.ModuleType("patched_resnet")
+  # The patched copy must not register its functions with gin: a second `small_resnet`
+  # would make the selector ambiguous for every later test in this process.
+  import gin
+  monkeypatch.setattr(gin, "configurable", lambda fn: fn)
   exec(compile(source.replace(script.ANCHOR, script.PATCH.replace("{k}", "3")),
                "patched_resnet", "exec"), patched.__dict__)
-  from models import resnet
+  monkeypatch.undo()
   models = []
   for module in (resnet, patched):
     tf.keras.utils.set_random_seed(0)
