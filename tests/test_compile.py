@@ -88,3 +88,19 @@ def test_resnet_compiled_step_matches_graph_step(replicas):
 def test_resnet_cross_replica_batch_norm_compiles_on_one_replica():
   """Its all-reduce over one replica is the identity inside the compiled pass."""
   _assert_equivalent(RESNET, _local(1))
+
+
+SNGAN_SYNTHETIC = "configs/sngan/imagenet128_synthetic.gin"
+D4PG_SYNTHETIC = "configs/d4pg/cartpole_swingup_pixels_synthetic.gin"
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_sngan_compiled_step_matches_graph_step(replicas):
+  _assert_equivalent(SNGAN_SYNTHETIC, [*helpers.TINY_SYNTHETIC[SNGAN_SYNTHETIC],
+                                       *_local(replicas), *PER_REPLICA_BN])
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_d4pg_compiled_step_matches_graph_step(replicas):
+  _assert_equivalent(D4PG_SYNTHETIC, [*helpers.TINY_SYNTHETIC[D4PG_SYNTHETIC],
+                                      *_local(replicas)])

@@ -40,11 +40,27 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
   if not jit_compile:
     return fn
 
+  dense_shapes = []   # Per output leaf: a sparse gradient's static dense shape, or None.
+
   def piece(*args, **kwargs):
     with collectives.compiled_piece(what):
-      return fn(*args, **kwargs)
+      outputs = fn(*args, **kwargs)
+    dense_shapes[:] = [tf.get_static_value(t.dense_shape) if isinstance(t, tf.IndexedSlices)
+                       else None for t in tf.nest.flatten(outputs)]
+    return outputs
 
-  return tf.function(piece, jit_compile=True, autograph=False)
+  jitted = tf.function(piece, jit_compile=True, autograph=False)
+
+  def call(*args, **kwargs):
+    outputs = jitted(*args, **kwargs)
+    # A function's outputs lose a sparse gradient's constant dense shape (an embedding's):
+    # restored, so that regimes size it as before.
+    flat = [t if shape is None else tf.IndexedSlices(t.values, t.indices,
+                                                    tf.constant(shape, t.dense_shape.dtype))
+            for t, shape in zip(tf.nest.flatten(outputs), dense_shapes)]
+    return tf.nest.pack_sequence_as(outputs, flat)
+
+  return call
 
 
 def compile_updates(optimizer) -> None:
@@ -71,7 +87,8 @@ def compile_updates(optimizer) -> None:
     # One trace per variable (the Python key): a trace captures the optimizer slots it
     # looks up for its variable, so variables of one shape must not share a trace
     # (Keras 2's jit_compile optimizers passed the same key).
-    return jitted(gradient, variable, learning_rate, id(variable))
+    # A constant learning rate comes as the optimizer's Keras variable: read it here.
+    return jitted(gradient, variable, tf.convert_to_tensor(learning_rate), id(variable))
 
   update_step._replibench_compiled = True   # pylint: disable=protected-access
   inner.update_step = update_step

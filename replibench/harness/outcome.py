@@ -52,6 +52,7 @@ class RunFacts:
   network: results.Network | None
   machine: results.Machine
   throughput: results.Throughput | None   # On synthetic data only.
+  jit_compile: bool = False     # TrainSpec.jit_compile: the step compiled with XLA.
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -91,7 +92,8 @@ def _described(facts: RunFacts) -> dict:
           "topology": facts.topology, "scaling_kind": facts.scaling_kind,
           "num_workers": facts.num_workers, "num_replicas": facts.num_replicas,
           "global_batch_size": facts.global_batch_size, "seed": facts.seed,
-          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version}
+          "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version,
+          "jit_compile": facts.jit_compile}
 
 
 def communication_account(account: dict | None, examples_per_s: float | None,
@@ -141,10 +143,12 @@ def hparams(spec, topology, workload, network: str | None) -> dict:
   network = {"network": network} if network is not None else {}
   # Named only when not float32, so float32 runs group with those recorded before the knob.
   precision = {"precision": spec.precision} if spec.precision != "float32" else {}
+  # Likewise named only when compiled: graph runs group with those from before the choice.
+  compiled = {"jit_compile": True} if spec.jit_compile else {}
   return {"topology": topology.describe(), "scaling_kind": topology.kind,
           "num_replicas": spec.num_replicas,
           "global_batch_size": spec.global_batch_size, "seed": spec.seed,
-          "regime_setting": regime.setting(), **network, **precision,
+          "regime_setting": regime.setting(), **network, **precision, **compiled,
           **regime.hparams(), **workload.hparams()}
 
 

@@ -197,6 +197,7 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
       trial = (base_trials if side.label == "base" else head_trials)[name]
       trial_dir = os.path.join(workdir, suite.name, side.label, name, f"round={r}")
       outcome[side.label] = _run_side(side, trial, trial_dir, runner)
+    record.check_same_compilation(name, outcome["base"][1], outcome["head"][1])
     trial = head_trials[name]
     pair = verdicts.Pair(trial.config, trial.seed, r, order, outcome["base"][0],
                          outcome["head"][0])

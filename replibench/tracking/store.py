@@ -47,7 +47,13 @@ class Record:
   higher_is_better: bool = True
   calibration: dict | None = None
   machine_info: dict | None = None
+  jit_compile: bool | None = None   # The run's XLA choice (null: recorded before it existed).
   schema: int = SCHEMA
+
+  @property
+  def series_config(self) -> str:
+    """The configuration a history series is keyed on: a compiled trial's is its own."""
+    return f"{self.config} [xla]" if self.jit_compile else self.config
 
   @property
   def converged(self) -> bool:
