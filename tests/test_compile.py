@@ -20,13 +20,20 @@ version of compile_updates made) moved them by 1e-3 to 1e-2 within two steps.
 """
 
 import dataclasses
+import json
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from replibench import config, engine
+from replibench import config, engine, results
 from replibench.config import compile_choice
+from replibench.config import plan as plan_lib
+from replibench.engine import compilation
+from replibench.engine import regimes as regimes_lib
 from replibench.errors import UserError
+from replibench.harness import outcome
 from tests import helpers
 
 STEPS = 3
@@ -96,11 +103,208 @@ D4PG_SYNTHETIC = "configs/d4pg/cartpole_swingup_pixels_synthetic.gin"
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_sngan_compiled_step_matches_graph_step(replicas):
+  """Adam divides each update by its gradient's RMS plus epsilon: a parameter whose true
+  gradient is zero (SN-GAN's convolution biases before batch norm, which removes them)
+  moves by about +-lr on the sign of float32 rounding noise, independently on either
+  path (measured: 1.5e-4 on biases near 8e-5, and 1.3e-3 on a moving mean downstream,
+  after three steps). epsilon = 1e-3 damps updates of such noise-sized gradients and
+  leaves the real ones (orders of magnitude larger) normalised as before."""
   _assert_equivalent(SNGAN_SYNTHETIC, [*helpers.TINY_SYNTHETIC[SNGAN_SYNTHETIC],
-                                       *_local(replicas), *PER_REPLICA_BN])
+                                       *_local(replicas), *PER_REPLICA_BN,
+                                       "ConditionalGAN.epsilon = 1e-3"])
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_d4pg_compiled_step_matches_graph_step(replicas):
   _assert_equivalent(D4PG_SYNTHETIC, [*helpers.TINY_SYNTHETIC[D4PG_SYNTHETIC],
                                       *_local(replicas)])
+
+
+# -- the choice, its refusals and where it is recorded (no training) ----------------------
+
+class _Workload:   # compile_choice reads the workload's class name only.
+  pass
+
+
+def test_auto_resolves_per_device_kind_and_workload(monkeypatch):
+  cpu = compile_choice.resolve("auto", _Workload(), engine.Local(1, device="cpu"), None)
+  assert (cpu.enabled, cpu.device_kind) == (False, "cpu")
+  assert "CPU_DEFAULTS" in cpu.describe()
+  monkeypatch.setitem(compile_choice.CPU_DEFAULTS, "_Workload", True)
+  assert compile_choice.resolve("auto", _Workload(), engine.Local(1, device="cpu"),
+                                None).enabled
+  monkeypatch.setattr(compile_choice.devices, "resolve_kind", lambda n, device: "gpu")
+  gpu = compile_choice.resolve("auto", _Workload(), engine.Local(1), None)
+  assert (gpu.enabled, gpu.device_kind) == (True, "gpu")
+  assert compile_choice.resolve(False, _Workload(), engine.Local(1), None).enabled is False
+
+
+@pytest.mark.parametrize("requested,topology,regime,said", [
+    ("yes", engine.Local(1), None, "Experiment.jit_compile = 'yes': choose True"),
+    (1, engine.Local(1), None, "Experiment.jit_compile = 1: choose True"),
+    (False, engine.Tpu(8), None, "a TPU runs nothing but XLA"),
+    (True, "mesh", None, "an XLA cluster on a CPU or GPU is one device's program"),
+    (True, engine.MultiWorker(workers=2), "async", "the workers' updates would race"),
+])
+def test_paths_that_cannot_compile_are_refused(requested, topology, regime, said):
+  from replibench.engine import model_parallel, regimes   # pylint: disable=import-outside-toplevel
+  topology = model_parallel.Mesh(data=1, model=2) if topology == "mesh" else topology
+  regime = regimes.AsyncPS() if regime == "async" else regimes.Sync()
+  with pytest.raises(UserError, match=said):
+    compile_choice.resolve(requested, _Workload(), topology, regime)
+
+
+def test_auto_does_not_refuse_it_resolves_false_with_the_reason():
+  from replibench.engine import model_parallel, regimes   # pylint: disable=import-outside-toplevel
+  choice = compile_choice.resolve("auto", _Workload(), model_parallel.Mesh(data=1, model=2),
+                                  regimes.Sync())
+  assert choice.enabled is False and "one device's program" in choice.reason
+
+
+def test_cross_replica_batch_norm_on_two_replicas_is_refused_at_config_time():
+  with pytest.raises(UserError, match="binds @engine.cross_replica_batch_norm"):
+    _experiment(RESNET, _local(2), True)
+  assert _experiment(RESNET, _local(1), True).train_spec().jit_compile is True
+  auto = _experiment(RESNET, _local(2), "auto")
+  assert auto.compile_choice.enabled is False
+
+
+def test_a_collective_inside_the_compiled_pass_is_a_user_error_on_two_replicas():
+  """The trace-time backstop for a model whose forward pass holds a collective."""
+  replicator = engine.Replicator(engine.Local(num_replicas=2, device="cpu"))
+  piece = lambda x: engine.all_reduce(x, "sum")   # noqa: E731
+  with pytest.raises(UserError, match="holds a collective"):
+    replicator.run(lambda: compilation.compiled(piece, True)(tf.ones([2])))
+  one = engine.Replicator(engine.Local(num_replicas=1, device="cpu"))
+  out = one.run(lambda: compilation.compiled(piece, True)(tf.ones([2])))
+  np.testing.assert_array_equal(one.reduce(out, "sum"), [1.0, 1.0])   # The identity.
+
+
+def test_plan_prints_the_choice_and_exits_2_on_a_refusal(capsys):
+  from tests.test_bad_inputs import run_cli   # pylint: disable=import-outside-toplevel
+  line = run_cli(capsys, "plan", f"--gin_file={RESNET}", "--gin_bindings=Experiment.jit_compile = True",
+                 "--gin_file=configs/topology/local2.gin")
+  assert "Experiment.jit_compile = True: the config binds @engine.cross_replica_batch_norm" in line
+  facts = plan_lib.make_plan(_experiment(RESNET, _local(1), True))
+  assert facts["jit_compile"].startswith("XLA: Experiment.jit_compile = True, as configured")
+
+
+def test_result_json_records_the_choice_and_old_files_read_null(tmp_path):
+  compiled = _result_with(True)
+  assert compiled.hparams.get("jit_compile") is None   # hparams: the harness's (below)
+  results.write(str(tmp_path), compiled)
+  assert results.read(str(tmp_path)).jit_compile is True
+  data = json.loads((tmp_path / results.FILE).read_text())
+  del data["jit_compile"]   # A schema-2 file from before the choice.
+  (tmp_path / results.FILE).write_text(json.dumps(data))
+  assert results.read(str(tmp_path)).jit_compile is None
+
+
+def test_history_and_ab_are_keyed_on_the_choice():
+  from replibench.tracking import record, store   # pylint: disable=import-outside-toplevel
+  base = dict(commit="a", commit_time="t", machine="m", suite="s", config="replicas=2",
+              seed=0, status="reached", metrics={}, source="ab", run_id="r")
+  assert store.Record(**base).series_config == "replicas=2"
+  assert store.Record(**base, jit_compile=True).series_config == "replicas=2 [xla]"
+  graph, xla = _result_with(None), _result_with(True)
+  record.check_same_compilation("t", graph, _result_with(False))   # null reads as graph
+  with pytest.raises(UserError, match="must not compare a compiled step with an uncompiled"):
+    record.check_same_compilation("t", graph, xla)
+
+
+def _result_with(jit) -> results.RunResult:
+  from tests.test_results import _facts   # pylint: disable=import-outside-toplevel
+  return outcome.make_result(dataclasses.replace(_facts(), jit_compile=jit), results.REACHED)
+
+
+def test_hparams_name_the_choice_only_when_compiled():
+  spec = engine.TrainSpec(8, 2, jit_compile=True)
+  shown = outcome.hparams(spec, engine.Local(2), _NoHparams(), None)
+  assert shown["jit_compile"] is True
+  graph = outcome.hparams(dataclasses.replace(spec, jit_compile=False), engine.Local(2),
+                          _NoHparams(), None)
+  assert "jit_compile" not in graph   # Graph runs group with those from before the choice.
+
+
+class _NoHparams:
+  def hparams(self):
+    return {}
+
+
+# -- every regime and precision, on a tiny MLP through TrainSpec's two hooks --------------
+
+def _mlp_run(regime_fn, precision: str, jit: bool, replicas: int = 2) -> tuple[list, list]:
+  """regime_runs' MLP (SGD with momentum) for STEPS steps, its forward and backward pass
+  through TrainSpec.compiled and its optimizer built by TrainSpec.build_optimizer."""
+  from replibench.workloads import precision as precision_lib   # pylint: disable=import-outside-toplevel
+  from tests import regime_runs   # pylint: disable=import-outside-toplevel
+  regime = regime_fn()
+  replicator = engine.Replicator(engine.Local(num_replicas=replicas, device="cpu"), regime)
+  spec = engine.TrainSpec(regime_runs.GLOBAL_BATCH, replicas, regime=replicator.regime,
+                          precision=precision, jit_compile=jit)
+  with replicator.scope():
+    with precision_lib.policy_scope(precision):
+      model = regime_runs.mlp()
+    optimizer = precision_lib.wrap_optimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                             precision)
+    spec.build_optimizer(optimizer, model.trainable_variables)
+  x, y = helpers.random_images(regime_runs.GLOBAL_BATCH * STEPS)
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_input_pipelines,
+                                                          ctx.input_pipeline_id)
+    return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).with_options(
+        helpers.no_autotune())
+
+  def gradients(batch):
+    images, labels = batch
+    with tf.GradientTape() as tape:
+      logits = precision_lib.to_float32(model(images, training=True))
+      loss = engine.average_loss(keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True), regime_runs.GLOBAL_BATCH)
+      scaled = precision_lib.scaled(optimizer, loss)
+    return loss, tape.gradient(scaled, model.trainable_variables)
+
+  def step_fn(batch):
+    loss, grads = spec.compiled(gradients)(batch)
+    metrics = spec.regime.apply_gradients(optimizer, grads, model.trainable_variables)
+    return {"loss": loss * engine.num_replicas(), **metrics}
+
+  train = replicator.compile(step_fn, input_fn, spec)
+  losses = [train()["loss"] for _ in range(STEPS)]
+  values = [np.array(c.numpy()) for v in model.trainable_variables + optimizer.variables
+            for c in replicator.strategy.experimental_local_results(getattr(v, "value", v))]
+  return losses, values
+
+
+REGIMES = {
+    "sync": lambda: regimes_lib.Sync(),
+    "local_sgd": lambda: regimes_lib.LocalSGD(sync_every=2),
+    "compressed": lambda: regimes_lib.Compressed(bits=8),
+    "gossip": lambda: regimes_lib.Gossip(),
+    "gradient_tracking": lambda: regimes_lib.GradientTracking(),
+}
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
+def test_every_synchronous_regime_compiles_to_the_same_training(regime):
+  graph = _mlp_run(REGIMES[regime], "float32", False)
+  xla = _mlp_run(REGIMES[regime], "float32", True)
+  np.testing.assert_allclose(xla[0], graph[0], rtol=LOSS_TOLERANCE, atol=LOSS_TOLERANCE)
+  for a, b in zip(xla[1], graph[1]):
+    np.testing.assert_allclose(a, b, rtol=VARIABLE_TOLERANCE, atol=VARIABLE_TOLERANCE)
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_compiles_to_the_same_training(precision):
+  """bfloat16 rounds at 2^-8 (and float16 at 2^-11): XLA's fusions keep some
+  intermediates in float32 where the graph rounds each op's output, so the tolerances
+  scale by 100 (1e-2 on losses, 0.1 on variables: still well under what one step of
+  learning rate 0.1 moves them)."""
+  graph = _mlp_run(REGIMES["sync"], precision, False)
+  xla = _mlp_run(REGIMES["sync"], precision, True)
+  np.testing.assert_allclose(xla[0], graph[0], rtol=LOSS_TOLERANCE * 100,
+                             atol=LOSS_TOLERANCE * 100)
+  for a, b in zip(xla[1], graph[1]):
+    np.testing.assert_allclose(a, b, rtol=VARIABLE_TOLERANCE * 100,
+                               atol=VARIABLE_TOLERANCE * 100)
