@@ -33,9 +33,9 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
 
   fn must not reach a collective (the exchange stays outside): one met while tracing
   it is the identity on one replica and a UserError naming `what` on several
-  (collectives.compiled_piece). Made afresh at each trace of the replicated step:
-  MirroredStrategy traces step_fn once per replica, and each trace compiles its
-  replica's own copy.
+  (collectives.compiled_piece). One tf.function, called by every replica:
+  MirroredStrategy traces step_fn once per replica, under the replica's device, and
+  the function traces (and XLA compiles) once per replica and input signature.
   """
   if not jit_compile:
     return fn
@@ -49,7 +49,7 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
                        else None for t in tf.nest.flatten(outputs)]
     return outputs
 
-  jitted = tf.function(piece, jit_compile=True, autograph=False)
+  jitted = tf.function(piece, jit_compile=True)
 
   def call(*args, **kwargs):
     outputs = jitted(*args, **kwargs)
@@ -80,7 +80,7 @@ def compile_updates(optimizer) -> None:
     del key
     update(gradient, variable, learning_rate)   # A training kernel returns an Operation.
 
-  jitted = tf.function(update_in_place, jit_compile=True, autograph=False)
+  jitted = tf.function(update_in_place, jit_compile=True)
 
   @functools.wraps(update)
   def update_step(gradient, variable, learning_rate):

@@ -68,6 +68,10 @@ class TrainSpec:
   steps_per_call: int = 1         # Steps per compiled call (one host round trip).
   jit_compile: bool = False       # XLA around the exchange (Experiment.jit_compile, resolved).
   per_replica_batch_size: int = dataclasses.field(init=False)
+  # fn -> its compiled piece: a step calling one pass several times (SN-GAN's n_dis
+  # discriminator updates) compiles it once per replica, not once per call.
+  _pieces: dict = dataclasses.field(init=False, default_factory=dict, compare=False,
+                                    repr=False)
 
   def __post_init__(self):
     if self.steps_per_call < 1:
@@ -78,7 +82,11 @@ class TrainSpec:
   def compiled(self, fn):
     """fn (a replica's forward and backward pass, no collectives inside) as one XLA
     cluster when jit_compile, else fn itself."""
-    return compilation.compiled(fn, self.jit_compile)
+    if not self.jit_compile:
+      return fn
+    if fn not in self._pieces:
+      self._pieces[fn] = compilation.compiled(fn, True)
+    return self._pieces[fn]
 
   def build_optimizer(self, optimizer, variables: list) -> None:
     """The regime's build_optimizer (slots, regime state; under scope()), then, when
