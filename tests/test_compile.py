@@ -87,13 +87,13 @@ def _assert_equivalent(gin_file: str, bindings: list[str], scale: float = 1.0):
     np.testing.assert_allclose(xla, graph, rtol=var_tol, atol=var_tol)
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_resnet_compiled_step_matches_graph_step(replicas):
-  _assert_equivalent(RESNET, [*_local(replicas), *PER_REPLICA_BN])
+def test_resnet_compiled_step_matches_graph_step_on_two_replicas():
+  _assert_equivalent(RESNET, [*_local(2), *PER_REPLICA_BN])
 
 
 def test_resnet_cross_replica_batch_norm_compiles_on_one_replica():
-  """Its all-reduce over one replica is the identity inside the compiled pass."""
+  """The config as committed, one replica: its batch norm's all-reduce over one replica
+  is the identity inside the compiled pass."""
   _assert_equivalent(RESNET, _local(1))
 
 
@@ -105,8 +105,7 @@ SNGAN_SHALLOW = ["sngan_generator.widths = (1, 1)", "sngan_generator.bottom_widt
 D4PG_SYNTHETIC = "configs/d4pg/cartpole_swingup_pixels_synthetic.gin"
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_sngan_compiled_step_matches_graph_step(replicas):
+def test_sngan_compiled_step_matches_graph_step_on_two_replicas():
   """Adam divides each update by its gradient's RMS plus epsilon: a parameter whose true
   gradient is zero (SN-GAN's convolution biases before batch norm, which removes them)
   moves by about +-lr on the sign of float32 rounding noise, independently on either
@@ -114,14 +113,12 @@ def test_sngan_compiled_step_matches_graph_step(replicas):
   after three steps). epsilon = 1e-3 damps updates of such noise-sized gradients and
   leaves the real ones (orders of magnitude larger) normalised as before."""
   _assert_equivalent(SNGAN_SYNTHETIC, [*helpers.TINY_SYNTHETIC[SNGAN_SYNTHETIC],
-                                       *_local(replicas), *PER_REPLICA_BN, *SNGAN_SHALLOW,
+                                       *_local(2), *PER_REPLICA_BN, *SNGAN_SHALLOW,
                                        "ConditionalGAN.epsilon = 1e-3"])
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_d4pg_compiled_step_matches_graph_step(replicas):
-  _assert_equivalent(D4PG_SYNTHETIC, [*helpers.TINY_SYNTHETIC[D4PG_SYNTHETIC],
-                                      *_local(replicas)])
+def test_d4pg_compiled_step_matches_graph_step_on_two_replicas():
+  _assert_equivalent(D4PG_SYNTHETIC, [*helpers.TINY_SYNTHETIC[D4PG_SYNTHETIC], *_local(2)])
 
 
 # -- the choice, its refusals and where it is recorded (no training) ----------------------
@@ -316,6 +313,7 @@ def test_mixed_precision_compiles_to_the_same_training(precision):
 
 # -- worker processes ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_two_compiled_workers_match_two_graph_replicas(tmp_path):
   """MultiWorkerMirroredStrategy's ring all-reduce between the compiled pieces of two
   launched workers trains as one process's uncompiled step (test_multiworker's
