@@ -1,7 +1,7 @@
 """Graph vs XLA (Experiment.jit_compile), side by side, for CPU_DEFAULTS' verdicts.
 
-    make bench-compile                                        # this CPU: throughput + time to target
-    .venv/bin/python benchmarks/compile.py --scale=tiny --skip_target   # checks the bench in minutes
+    make bench-compile                                   # this CPU: throughput, time to target
+    .venv/bin/python benchmarks/compile.py --scale=tiny --skip_target   # a check, minutes
     .venv/bin/python benchmarks/compile.py --dry_run          # the runs it would make
     .venv/bin/python benchmarks/compile.py --machine=gpu      # one GPU (benchmarks/throughput.py's)
 

@@ -183,8 +183,8 @@ def test_a_collective_inside_the_compiled_pass_is_a_user_error_on_two_replicas()
 
 def test_plan_prints_the_choice_and_exits_2_on_a_refusal(capsys):
   from tests.test_bad_inputs import run_cli   # pylint: disable=import-outside-toplevel
-  line = run_cli(capsys, "plan", f"--gin_file={RESNET}", "--gin_bindings=Experiment.jit_compile = True",
-                 "--gin_file=configs/topology/local2.gin")
+  line = run_cli(capsys, "plan", f"--gin_file={RESNET}", "--gin_file=configs/topology/local2.gin",
+                 "--gin_bindings=Experiment.jit_compile = True")
   assert "Experiment.jit_compile = True: the config binds @engine.cross_replica_batch_norm" in line
   facts = plan_lib.make_plan(_experiment(RESNET, _local(1), True))
   assert facts["jit_compile"].startswith("XLA: Experiment.jit_compile = True, as configured")
@@ -237,7 +237,7 @@ class _NoHparams:
 def _mlp_run(regime_fn, precision: str, jit: bool, replicas: int = 2) -> tuple[list, list]:
   """regime_runs' MLP (SGD with momentum) for STEPS steps, its forward and backward pass
   through TrainSpec.compiled and its optimizer built by TrainSpec.build_optimizer."""
-  from replibench.workloads import precision as precision_lib   # pylint: disable=import-outside-toplevel
+  from replibench.workloads import precision as precision_lib  # pylint: disable=C0415
   from tests import regime_runs   # pylint: disable=import-outside-toplevel
   regime = regime_fn()
   replicator = engine.Replicator(engine.Local(num_replicas=replicas, device="cpu"), regime)
