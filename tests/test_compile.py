@@ -145,7 +145,7 @@ def test_auto_resolves_per_device_kind_and_workload(monkeypatch):
     (1, engine.Local(1), None, "Experiment.jit_compile = 1: choose True"),
     (False, engine.Tpu(8), None, "a TPU runs nothing but XLA"),
     (True, "mesh", None, "an XLA cluster on a CPU or GPU is one device's program"),
-    (True, engine.MultiWorker(workers=2), "async", "the workers' updates would race"),
+    (True, engine.MultiWorker(workers=2), "async", "cannot read a variable placed on another device"),
 ])
 def test_paths_that_cannot_compile_are_refused(requested, topology, regime, said):
   from replibench.engine import model_parallel, regimes   # pylint: disable=import-outside-toplevel

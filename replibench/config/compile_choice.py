@@ -80,12 +80,12 @@ def _cannot_compile(topology, regime) -> str | None:
             f"{topology.num_replicas} replicas (tf.distribute's merge_call and CPU "
             f"collectives live outside XLA); @engine.per_replica_batch_norm compiles")
   if isinstance(regime, AsyncPS):
-    return (f"Experiment.regime = {regime.setting()} runs each worker's step as a function "
-            f"the ClusterCoordinator schedules, reading variables that live on the parameter "
-            f"servers, and updates them there with TensorFlow's locking kernels "
-            f"(training_kernels.make_updates_atomic): an XLA cluster reads its variables "
-            f"on its own device and does not hold those locks, so the workers' updates "
-            f"would race")
+    return (f"Experiment.regime = {regime.setting()} keeps the variables on the parameter "
+            f"servers, and an XLA cluster cannot read a variable placed on another device "
+            f"(XLA's known issue 'tf.Variable on a different device': TensorFlow refuses "
+            f"such a step with INVALID_ARGUMENT, tried under ParameterServerStrategy); the "
+            f"servers' updates must stay TensorFlow's locking kernels besides "
+            f"(training_kernels.make_updates_atomic), which XLA would not lock")
   return None
 
 
