@@ -17,6 +17,7 @@ worst variable (ResNet's stem kernel, the end of the backward chain) differed by
 rtol = atol = 1e-4 and variables at 1e-3, while a wrong step (a skipped or doubled
 update, a wrong gradient, an update on another variable's slots, which an early
 version of compile_updates made) moved them by 1e-3 to 1e-2 within two steps.
+The regime and precision tests below state their own measured differences.
 """
 
 import dataclasses
@@ -289,6 +290,8 @@ REGIMES = {
 
 @pytest.mark.parametrize("regime", sorted(REGIMES))
 def test_every_synchronous_regime_compiles_to_the_same_training(regime):
+  """Measured: the MLP's losses and variables matched to 2.4e-7 and 6e-8 under every
+  regime (no batch norm to amplify rounding), well inside the tolerances."""
   graph = _mlp_run(REGIMES[regime], "float32", False)
   xla = _mlp_run(REGIMES[regime], "float32", True)
   np.testing.assert_allclose(xla[0], graph[0], rtol=LOSS_TOLERANCE, atol=LOSS_TOLERANCE)
@@ -296,19 +299,21 @@ def test_every_synchronous_regime_compiles_to_the_same_training(regime):
     np.testing.assert_allclose(a, b, rtol=VARIABLE_TOLERANCE, atol=VARIABLE_TOLERANCE)
 
 
-@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
-def test_mixed_precision_compiles_to_the_same_training(precision):
-  """bfloat16 rounds at 2^-8 (and float16 at 2^-11): XLA's fusions keep some
-  intermediates in float32 where the graph rounds each op's output, so the tolerances
-  scale by 100 (1e-2 on losses, 0.1 on variables: still well under what one step of
-  learning rate 0.1 moves them)."""
+@pytest.mark.parametrize("precision,tolerance", [("mixed_bfloat16", 1e-2),
+                                                  ("mixed_float16", None)])
+def test_mixed_precision_compiles_to_the_same_training(precision, tolerance):
+  """bfloat16 rounds at 2^-8, and XLA's fusions keep some intermediates in float32
+  where the graph rounds each op's output to bfloat16: measured, losses differed by
+  1.7e-3 and variables by 1.2e-3 after three steps, so both are compared at 1e-2 (one
+  step at learning rate 0.1 moves them by more). float16 (with loss scaling, the
+  inner optimizer's update compiled) matched to 3e-8: the float32 tolerances."""
   graph = _mlp_run(REGIMES["sync"], precision, False)
   xla = _mlp_run(REGIMES["sync"], precision, True)
-  np.testing.assert_allclose(xla[0], graph[0], rtol=LOSS_TOLERANCE * 100,
-                             atol=LOSS_TOLERANCE * 100)
+  loss_tol, var_tol = (tolerance, tolerance) if tolerance else (LOSS_TOLERANCE,
+                                                                 VARIABLE_TOLERANCE)
+  np.testing.assert_allclose(xla[0], graph[0], rtol=loss_tol, atol=loss_tol)
   for a, b in zip(xla[1], graph[1]):
-    np.testing.assert_allclose(a, b, rtol=VARIABLE_TOLERANCE * 100,
-                               atol=VARIABLE_TOLERANCE * 100)
+    np.testing.assert_allclose(a, b, rtol=var_tol, atol=var_tol)
 
 
 # -- worker processes ---------------------------------------------------------------------
