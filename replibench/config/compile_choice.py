@@ -113,8 +113,8 @@ def resolve(requested, workload, topology, regime) -> CompileChoice:
   refusal = _cannot_compile(topology, regime)
   if refusal and requested is True:
     raise UserError(f"Experiment.jit_compile = True: {refusal}. Set "
-                    f"Experiment.jit_compile = False (or 'auto', which does) for this "
-                    f"topology and regime.")
+                    f"Experiment.jit_compile = False, or 'auto' (which resolves to False "
+                    f"here and says why in `replibench plan`).")
   if refusal:
     return CompileChoice(requested, False, kind, f"not compiled: {refusal}")
   if requested != AUTO:
