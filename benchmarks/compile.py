@@ -136,13 +136,22 @@ def _by_trial(pairs: list[dict]) -> dict:
   return grouped
 
 
+def _failure(result: dict) -> str:
+  """A failed run's one-line reason (`replibench run: error: ...`, e.g. a path that
+  cannot compile, such as cross-replica batch norm on several replicas)."""
+  said = result.get(throughput.FAILED, "")
+  line = next((l for l in said.splitlines() if "error:" in l), "failed")
+  return line.split("error:", 1)[-1].strip()[:160].replace("|", "/")
+
+
 def throughput_table(pairs: list[dict]) -> list[str]:
   lines = ["| trial | graph ex/s | XLA ex/s | XLA / graph: median [min, max] | pairs |",
            "|---|---|---|---|---|"]
   for trial, ps in _by_trial(pairs).items():
     ok = [p for p in ps if _rate(p["graph"]) and _rate(p["xla"])]
     if not ok:
-      lines.append(f"| {trial} | failed | failed | | 0 |")
+      graph, xla = (_rate(ps[-1][s]) or _failure(ps[-1][s]) for s in ("graph", "xla"))
+      lines.append(f"| {trial} | {graph} | {xla} | | 0 |")
       continue
     ratios = [_rate(p["xla"]) / _rate(p["graph"]) for p in ok]
     graph = statistics.median(_rate(p["graph"]) for p in ok)
@@ -160,7 +169,7 @@ def target_table(pairs: list[dict]) -> list[str]:
     for side in ("graph", "xla"):
       r = p[side]
       if throughput.FAILED in r:
-        cells.append("failed")
+        cells.append(_failure(r))
         continue
       cells.append(f"{r.get('status')}, {_round(r.get('time_to_target_s'))}, "
                    f"{r.get('steps_to_target')}, {_round(r.get('first_call_s'))}")
