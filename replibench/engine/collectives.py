@@ -118,8 +118,8 @@ def _identity_in_compiled_piece(kind: str) -> bool:
   compiled piece (sum, mean, gather or broadcast over one replica is the identity).
   UserError for several replicas; False outside compiled pieces."""
   what = getattr(_COMPILED, "what", None)
-  if what is None:
-    return False
+  if what is None or isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
+    return False   # A TPU step is one XLA program, collectives included.
   if num_replicas() == 1:
     return True
   raise UserError(
