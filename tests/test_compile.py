@@ -347,3 +347,18 @@ def test_two_compiled_workers_match_two_graph_replicas(tmp_path):
   for name, value in want.items():
     np.testing.assert_allclose(got[name], value, rtol=VARIABLE_TOLERANCE,
                                atol=VARIABLE_TOLERANCE, err_msg=name)
+
+
+def test_compiled_updates_keep_each_variables_own_slots():
+  """Two variables of one shape: a trace shared between them would update the second
+  with the first one's momentum (an early version did; the ResNet test caught it)."""
+  def train(jit: bool) -> list:
+    a, b = tf.Variable([1.0, 2.0]), tf.Variable([-3.0, 5.0])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    spec = engine.TrainSpec(2, 1, jit_compile=jit)
+    spec.build_optimizer(optimizer, [a, b])
+    for grads in ([1.0, -1.0], [0.5, 2.0]), ([-2.0, 0.0], [1.0, 1.0]):
+      optimizer.apply_gradients(zip([tf.constant(g) for g in grads], [a, b]))
+    return [v.numpy() for v in (a, b, *optimizer.variables)]
+  for xla, graph in zip(train(True), train(False)):
+    np.testing.assert_allclose(xla, graph, rtol=1e-6)
