@@ -23,6 +23,7 @@
 #                         the Keras model.fit peer, the three models with and without XLA in
 #                         bfloat16 and float16 (ResNet-50 profiled), the 16-core CPU scaling
 #                         (tools/accelerator/run.sh all; results/latest/accelerator/)
+#   make bench-compile    graph vs XLA (Experiment.jit_compile), paired, into results/compile/
 #   make bench-model-parallel  memory and step time against the devices a replica spans,
 #                         the pipeline bubble, bytes per axis (results/model_parallel/)
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
@@ -61,7 +62,7 @@ FACTORS_SMOKE := --judge=converged
 
 .PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
 	bench-overlap \
-	bench-ab history bench-throughput bench-accelerator \
+	bench-ab history bench-throughput bench-accelerator bench-compile \
 	bench-model-parallel \
 	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
@@ -192,6 +193,13 @@ bench-accelerator: install data
 # (an estimate: 45 min); results/throughput/README.md.
 bench-throughput: install
 	$(PY) benchmarks/throughput.py $(THROUGHPUT_ARGS)
+
+# Graph vs XLA (issue 41, Experiment.jit_compile): bench-throughput's trials and the suites'
+# smoke configs to target, each as ABBA pairs, into results/compile/ (the verdicts for
+# CPU_DEFAULTS in replibench/config/compile_choice.py). COMPILE_ARGS adds flags (e.g.
+# --scale=tiny, --rounds=5, --skip_target, --dry_run). Not yet timed on a quiet machine.
+bench-compile: install data
+	$(PY) benchmarks/compile.py $(COMPILE_ARGS)
 
 # Model parallelism (issue 35): figures, tables and plots into results/model_parallel/.
 bench-model-parallel: install data

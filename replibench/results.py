@@ -253,6 +253,10 @@ class RunResult:
   global_batch_size: int = 0
   seed: int = 0
   hparams: dict = dataclasses.field(default_factory=dict)
+  # Experiment.jit_compile as the run resolved it (XLA around the exchange); null in
+  # files written before the choice existed, whose steps ran as graphs. Added within
+  # schema 2 (readers ignore fields they do not know, so older ones read these files).
+  jit_compile: bool | None = None
   sessions: list[Session] = dataclasses.field(default_factory=list)
   resumed: int = 0
   operative_config: str = ""

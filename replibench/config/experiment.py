@@ -6,6 +6,7 @@ import math
 import gin
 
 from replibench import inputs
+from replibench.config import compile_choice
 from replibench.engine import Topology, TrainSpec
 from replibench.engine.regimes import Regime, Sync
 from replibench.errors import UserError
@@ -41,6 +42,9 @@ class Experiment:
   # Keras mixed-precision policy: 'float32' | 'mixed_bfloat16' | 'mixed_float16'
   # (replibench/workloads/precision.py: what stays float32, loss scaling).
   precision: str = "float32"
+  # XLA: True | False | 'auto' (by device kind and workload: config/compile_choice.py).
+  # Compiled around the exchange between replicas (engine/compilation.py).
+  jit_compile: bool | str = compile_choice.AUTO
   # The regression tracker's own test of its power, never set by a real config: after
   # every training call the harness runs extra matmuls on the step's cores so that
   # examples/s drop by this fraction (harness/slowdown.py; results/tracking/README.md).
@@ -52,12 +56,15 @@ class Experiment:
     the run's one TrainSpec."""
     self._check_types()
     self._check_values()
+    regime = self.topology.regime_for(self.regime)
+    self.compile_choice = compile_choice.resolve(self.jit_compile, self.workload,
+                                                 self.topology, regime)
     try:
       self._spec = TrainSpec(
           global_batch_size=self.global_batch_size, num_replicas=self.topology.num_replicas,
           seed=self.seed, steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-          regime=self.topology.regime_for(self.regime), precision=self.precision,
-          steps_per_call=self.steps_per_call)
+          regime=regime, precision=self.precision, steps_per_call=self.steps_per_call,
+          jit_compile=self.compile_choice.enabled)
     except UserError as e:
       raise UserError(f"Experiment.global_batch_size = {self.global_batch_size} with "
                       f"{self.topology.describe()}: {e}") from None

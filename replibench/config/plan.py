@@ -41,6 +41,8 @@ def make_plan(experiment: Experiment) -> dict:
       "train_flops_per_example": flops,
       "train_flops_per_step": flops * spec.global_batch_size if flops else None,
       "precision": precision_lib.describe(spec.precision),
+      # Experiment.jit_compile resolved (config/compile_choice.py), and why.
+      "jit_compile": experiment.compile_choice.describe(),
       "batch_norm": batch_norm(norms),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own

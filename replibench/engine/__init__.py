@@ -3,7 +3,8 @@
 Public API (documented in README.md):
   topologies    Local, MultiWorker, Tpu
   TrainSpec     the run's step, built once by config/ and read by the replicator and
-                the workload (batch per replica, steps per call, regime, precision)
+                the workload (batch per replica, steps per call, regime, precision,
+                jit_compile: spec.compiled(pass), spec.build_optimizer(...); compilation.py)
   make_replicator(topology, regime) -> a BaseReplicator (interface.py): Replicator
                 (lockstep), ps.AsyncReplicator, ps.BackupReplicator or (a Mesh)
                 model_parallel.MeshReplicator; scope(), distribute(input_fn, spec),
@@ -27,8 +28,9 @@ Public API (documented in README.md):
 
 Dependencies inside the engine point down (TF_CONFIG's cluster facts are replibench/cluster.py,
 outside it, so that the launcher reads them without importing TensorFlow):
-collectives only fusion and measure (which imports none); aggregation uses
-collectives; regimes use aggregation; spec and interface use the regimes; the
+collectives only fusion and measure (which imports none); aggregation and compilation
+use collectives; regimes use aggregation; spec uses compilation; spec and interface use
+the regimes; the
 replicators implement interface (model_parallel's extends the lockstep one); factory
 picks a replicator.
 """

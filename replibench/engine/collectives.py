@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from replibench.engine import fusion
 from replibench.engine.measure import communication
+from replibench.errors import UserError
 
 _REDUCE_OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 _GATHER_OPS = {"max": tf.reduce_max, "min": tf.reduce_min}
@@ -96,6 +97,40 @@ def _context() -> tf.distribute.ReplicaContext:
   return ctx
 
 
+_COMPILED = threading.local()   # Per thread: MirroredStrategy traces each replica in its own.
+
+
+@contextlib.contextmanager
+def compiled_piece(what: str):
+  """Marks the tracing of an XLA-compiled piece of a step (engine/compilation.py): a
+  collective met inside it is the identity on one replica and a UserError on several
+  (an XLA cluster cannot hold tf.distribute's merge_call or a CPU collective)."""
+  previous = getattr(_COMPILED, "what", None)
+  _COMPILED.what = what
+  try:
+    yield
+  finally:
+    _COMPILED.what = previous
+
+
+def _identity_in_compiled_piece(kind: str) -> bool:
+  """True when the caller should return its input: a one-replica collective inside a
+  compiled piece (sum, mean, gather or broadcast over one replica is the identity).
+  UserError for several replicas; False outside compiled pieces."""
+  what = getattr(_COMPILED, "what", None)
+  if what is None or isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy):
+    return False   # A TPU step is one XLA program, collectives included.
+  if num_replicas() == 1:
+    return True
+  raise UserError(
+      f"Experiment.jit_compile: {what} holds a collective (kind {kind!r}, e.g. "
+      f"@engine.cross_replica_batch_norm's all-reduce of its batch moments) and XLA "
+      f"compiles that pass as one cluster, which cannot hold a collective among "
+      f"{num_replicas()} replicas (tf.distribute's merge_call, and CPU collectives, live "
+      f"outside XLA). Use @engine.per_replica_batch_norm (or a model without collectives "
+      f"in its forward pass), one replica, or Experiment.jit_compile = False.")
+
+
 def num_replicas() -> int:
   """Replicas taking part in the current step (Python int)."""
   return _group().num_replicas()
@@ -115,6 +150,8 @@ def all_reduce(x, op: str = "sum", kind: str = "other"):
   locally, which is exact for every dtype. kind names the collective in the
   step's communication account (engine/measure/communication.py).
   """
+  if _identity_in_compiled_piece(kind):
+    return x
   if op in _REDUCE_OPS:
     communication.record(kind, x)
     return _recording_backward(_group().all_reduce(x, op), kind)
@@ -154,6 +191,8 @@ def all_gather(x, axis: int = 0, kind: str = "other"):
   int32 vector of its rank), then the tensor padded to the largest: both are
   in the account, so a small gather's transfers are all counted.
   """
+  if _identity_in_compiled_piece(kind):
+    return x
   for t in tf.nest.flatten(x):
     shape = tf.TensorSpec([len(tf.convert_to_tensor(t).shape)], tf.int32)
     communication.record(kind, shape, collective="all_gather")
@@ -165,6 +204,8 @@ def broadcast(x, source_replica: int = 0, kind: str = "other"):
   """Every replica receives source_replica's value of x (a nest of tensors, not bool)."""
   if any(tf.as_dtype(t.dtype).is_bool for t in tf.nest.flatten(x)):
     raise TypeError("broadcast does not take bool tensors; cast to int32 first.")
+  if _identity_in_compiled_piece(kind):
+    return x
   communication.record(kind, x)
   return _group().broadcast(x, source_replica)
 
@@ -183,6 +224,7 @@ def permute(x, source, kind: str = "parameters"):
   exchanges with a few neighbours, `pair_all_reduce` sends one copy per
   neighbour instead.
   """
+  _identity_in_compiled_piece(kind)   # UserError inside a compiled piece.
   expanded = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), x)
   gathered = all_gather(expanded, axis=0, kind=kind)   # Each leaf: [num_replicas, ...].
   return tf.nest.map_structure(lambda t: tf.gather(t, source, axis=0), gathered)
@@ -203,6 +245,7 @@ def pair_all_reduce(x, partner, kind: str = "parameters"):
   number of replicas. Up to 362 replicas; not available inside
   `replica_group` (engine.ps).
   """
+  _identity_in_compiled_piece(kind)   # UserError inside a compiled piece.
   if _GROUPS:
     raise NotImplementedError("pair_all_reduce needs a tf.distribute replica context; "
                               "it is not available inside replica_group().")
@@ -242,6 +285,7 @@ def all_to_all(x, kind: str = "gradients"):
   all-to-all, so the op runs with keys of its own, as pair_all_reduce does.
   Not available inside `replica_group` (engine.ps).
   """
+  _identity_in_compiled_piece(kind)   # UserError inside a compiled piece.
   if _GROUPS:
     raise NotImplementedError("all_to_all needs a tf.distribute replica context; "
                               "it is not available inside replica_group().")

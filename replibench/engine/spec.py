@@ -10,6 +10,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from replibench.engine import compilation
 from replibench.engine.regimes.base import Regime, Sync
 from replibench.errors import UserError
 
@@ -92,6 +93,9 @@ class TrainSpec:
   `precision.wrap_optimizer` and differentiates `precision.scaled(optimizer, loss)`.
   per_replica_batch_size: derived, global_batch_size / num_replicas (UserError if
   it does not divide).
+  jit_compile: compile the step with XLA around its exchange (engine/compilation.py):
+  the workload calls its forward and backward pass through `compiled` and builds its
+  optimizers with `build_optimizer` (the regime's, plus the compiled update).
   """
 
   global_batch_size: int
@@ -102,13 +106,34 @@ class TrainSpec:
   regime: Regime = dataclasses.field(default_factory=Sync)
   precision: str = "float32"      # 'float32' | 'mixed_bfloat16' | 'mixed_float16'.
   steps_per_call: int = 1         # Steps per compiled call (one host round trip).
+  jit_compile: bool = False       # XLA around the exchange (Experiment.jit_compile, resolved).
   per_replica_batch_size: int = dataclasses.field(init=False)
+  # fn -> its compiled piece: a step calling one pass several times (SN-GAN's n_dis
+  # discriminator updates) compiles it once per replica, not once per call.
+  _pieces: dict = dataclasses.field(init=False, default_factory=dict, compare=False,
+                                    repr=False)
 
   def __post_init__(self):
     if self.steps_per_call < 1:
       raise UserError(f"steps_per_call must be >= 1, got {self.steps_per_call}.")
     object.__setattr__(self, "per_replica_batch_size",
                        per_replica_batch_size(self.global_batch_size, self.num_replicas))
+
+  def compiled(self, fn):
+    """fn (a replica's forward and backward pass, no collectives inside) as one XLA
+    cluster when jit_compile, else fn itself."""
+    if not self.jit_compile:
+      return fn
+    if fn not in self._pieces:
+      self._pieces[fn] = compilation.compiled(fn, True)
+    return self._pieces[fn]
+
+  def build_optimizer(self, optimizer, variables: list) -> None:
+    """The regime's build_optimizer (slots, regime state; under scope()), then, when
+    jit_compile and the regime's update may compile, the update compiled with XLA."""
+    self.regime.build_optimizer(optimizer, variables)
+    if self.jit_compile and self.regime.update_compiles:
+      compilation.compile_updates(optimizer)
 
   def input_context(self, pipeline: int = 0, pipelines: int = 1,
                     start_step: int = 0) -> InputContext:

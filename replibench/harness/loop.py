@@ -276,7 +276,7 @@ class _Run:
         steps_per_epoch=spec.steps_per_epoch, seed=spec.seed, regime=spec.regime.hparams(),
         hparams=outcome.hparams(spec, exp.topology, workload,
                                 netns.rate() if netns.inside() else None),
-        budget=results.Budget(spec.total_steps, self.limit),
+        budget=results.Budget(spec.total_steps, self.limit), jit_compile=spec.jit_compile,
         operative_config=self.operative_config, **provenance.versions(),
         final_step=int(self.step.numpy()), elapsed_s=float(self.elapsed.numpy()),
         init_s=self.init_s, curve=state.curve, last_eval=state.last_eval,

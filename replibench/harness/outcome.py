@@ -55,6 +55,7 @@ class RunFacts:
   # [steps, wall s, process CPU s] per window of log_every_steps steps (progress.Meter).
   windows: list = dataclasses.field(default_factory=list)
   profile: results.Profile | None = None   # `run --profile_steps`: where the trace went.
+  jit_compile: bool = False     # TrainSpec.jit_compile: the step compiled with XLA.
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -96,7 +97,7 @@ def _described(facts: RunFacts) -> dict:
           "num_workers": facts.num_workers, "num_replicas": facts.num_replicas,
           "global_batch_size": facts.global_batch_size, "seed": facts.seed,
           "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version,
-          "profile": facts.profile}
+          "profile": facts.profile, "jit_compile": facts.jit_compile}
 
 
 def communication_account(account: dict | None, examples_per_s: float | None,
@@ -146,10 +147,12 @@ def hparams(spec, topology, workload, network: str | None) -> dict:
   network = {"network": network} if network is not None else {}
   # Named only when not float32, so float32 runs group with those recorded before the knob.
   precision = {"precision": spec.precision} if spec.precision != "float32" else {}
+  # Likewise named only when compiled: graph runs group with those from before the choice.
+  compiled = {"jit_compile": True} if spec.jit_compile else {}
   return {"topology": topology.describe(), "scaling_kind": topology.kind,
           "num_replicas": spec.num_replicas,
           "global_batch_size": spec.global_batch_size, "seed": spec.seed,
-          "regime_setting": regime.setting(), **network, **precision,
+          "regime_setting": regime.setting(), **network, **precision, **compiled,
           **regime.hparams(), **workload.hparams()}
 
 

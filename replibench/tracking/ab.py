@@ -206,6 +206,7 @@ def run_suite(suite: Suite, sides: tuple[SideSpec, SideSpec], workdir: str, opti
       if outcome[side.label][0].status == "failed":
         failed.append(f"{side.label} {side.rev.short} {name} round={r} (see "
                       f"{os.path.join(trial_dir, sweep_lib.LOG_FILE)})")
+    record.check_same_compilation(name, outcome["base"][1], outcome["head"][1])
     trial = head_trials[name]
     pair = verdicts.Pair(trial.config, trial.seed, r, order, outcome["base"][0],
                          outcome["head"][0])

@@ -169,7 +169,7 @@ def all_series(records: Sequence[store.Record], metrics: Sequence[str] = JUDGED)
   """Every (machine, suite, config, metric) series in records, with its change points."""
   groups: dict[tuple, list[store.Record]] = {}
   for r in records:
-    groups.setdefault((r.machine, r.suite, r.config), []).append(r)
+    groups.setdefault((r.machine, r.suite, r.series_config), []).append(r)
   out = []
   for (machine, suite, config), rs in sorted(groups.items()):
     for metric in metrics:

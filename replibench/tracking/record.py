@@ -41,12 +41,28 @@ def from_result(result: results.RunResult | None, *, commit: str, commit_time: s
       target=result.target if result else None,
       higher_is_better=result.higher_is_better if result else True,
       calibration=(result.machine or {}).get("calibration") if result else None,
-      machine_info=info, tf_version=(result.tf_version or "") if result else "")
+      machine_info=info, tf_version=(result.tf_version or "") if result else "",
+      jit_compile=result.jit_compile if result else None)
 
 
 def failed(result: results.RunResult | None) -> bool:
   """A trial that measured nothing: no readable result, or status 'failed'."""
   return result is None or result.status == results.FAILED
+
+
+def check_same_compilation(name: str, base: results.RunResult | None,
+                           head: results.RunResult | None) -> None:
+  """UserError where an A/B pair's two trials did not both run compiled or both not: a
+  pair must measure the code's effect on one step, not XLA's (Experiment.jit_compile;
+  null, a result from before the choice, ran uncompiled)."""
+  if base is None or head is None or bool(base.jit_compile) == bool(head.jit_compile):
+    return
+  raise UserError(
+      f"A/B trial {name}: the base ran with Experiment.jit_compile resolved to "
+      f"{bool(base.jit_compile)}, the head to {bool(head.jit_compile)} (their configs or "
+      f"'auto''s table in replibench/config/compile_choice.py differ), and a pair must "
+      f"not compare a compiled step with an uncompiled one; pin Experiment.jit_compile "
+      f"in the suite's bindings (the same on both sides) and run the A/B again.")
 
 
 def from_ab(kept: list, suite: str, run_id: str) -> list[store.Record]:

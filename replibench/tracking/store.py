@@ -60,7 +60,13 @@ class Record:
   machine_info: dict | None = None
   tf_version: str = ""        # TensorFlow's version in the trial ('' in early records)
   side: str = ""              # an A/B's 'base' or 'head' ('' for bench and early records)
+  jit_compile: bool | None = None   # The run's XLA choice (null: recorded before it existed).
   schema: int = SCHEMA
+
+  @property
+  def series_config(self) -> str:
+    """The configuration a history series is keyed on: a compiled trial's is its own."""
+    return f"{self.config} [xla]" if self.jit_compile else self.config
 
   @property
   def converged(self) -> bool:
@@ -74,7 +80,8 @@ FIELD_TYPES = {
     "seed": int, "status": str, "metrics": dict, "source": str, "run_id": str, "round": int,
     "recorded": str, "workload": str, "target_metric": str, "target": (*_NUMBER, type(None)),
     "higher_is_better": bool, "calibration": (dict, type(None)),
-    "machine_info": (dict, type(None)), "tf_version": str, "side": str, "schema": int}
+    "machine_info": (dict, type(None)), "tf_version": str, "side": str, "schema": int,
+    "jit_compile": (bool, type(None))}
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record)
                  if f.default is dataclasses.MISSING)

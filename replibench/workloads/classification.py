@@ -86,7 +86,7 @@ class ImageClassification(Workload):
     self.schedule = self._schedule(spec)
     self.optimizer = precision.wrap_optimizer(self._optimizer(self.schedule), spec.precision)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    spec.regime.build_optimizer(self.optimizer, self.model.trainable_variables)
+    spec.build_optimizer(self.optimizer, self.model.trainable_variables)
 
   def element_spec(self, per_replica_batch_size: int):
     return (tf.TensorSpec((per_replica_batch_size, *self.data.image_shape), tf.float32),
@@ -97,6 +97,17 @@ class ImageClassification(Workload):
     return self.data.train(ctx, self.spec.seed)
 
   def step_fn(self, batch) -> dict:
+    variables = self.model.trainable_variables
+    # Forward and backward: one XLA cluster under TrainSpec.jit_compile; the exchange
+    # (in apply_gradients) stays outside it.
+    loss, grads = self.spec.compiled(self._loss_and_gradients)(batch)
+    metrics = self.spec.regime.apply_gradients(self.optimizer, grads, variables)
+    # `loss` is this replica's share (1/N of its local mean): times N it is the local
+    # mean, and the engine averages outputs over replicas (no collective of its own).
+    return {"loss": loss * engine.num_replicas(), **metrics}
+
+  def _loss_and_gradients(self, batch):
+    """This replica's loss share (scalar) and the gradients of its (scaled) loss."""
     images, labels = batch
     variables = self.model.trainable_variables
     with tf.GradientTape() as tape:
@@ -109,11 +120,7 @@ class ImageClassification(Workload):
       l2 = tf.add_n([tf.nn.l2_loss(w) for w in decayed_weights(self.model)])
       loss += self.weight_decay * l2 / engine.num_replicas()
       scaled = precision.scaled(self.optimizer, loss)   # loss itself unless float16
-    metrics = self.spec.regime.apply_gradients(self.optimizer, tape.gradient(scaled, variables),
-                                                variables)
-    # `loss` is this replica's share (1/N of its local mean): times N it is the local
-    # mean, and the engine averages outputs over replicas (no collective of its own).
-    return {"loss": loss * engine.num_replicas(), **metrics}
+    return loss, tape.gradient(scaled, variables)
 
   def _eval_step(self, batch):
     images, labels = batch

@@ -183,8 +183,8 @@ class D4PG(Workload):
           keras.optimizers.Adam(hp.learning_rate, global_clipnorm=hp.clip_norm), spec.precision)
 
     self.critic_optimizer, self.policy_optimizer = adam(), adam()
-    spec.regime.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
-    spec.regime.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
+    spec.build_optimizer(self.critic_optimizer, self.networks.critic_variables)
+    spec.build_optimizer(self.policy_optimizer, self.networks.policy_variables)
 
   def build(self, spec: TrainSpec) -> None:
     self.build_learner(spec)
@@ -268,18 +268,11 @@ class D4PG(Workload):
 
   def step_fn(self, batch) -> dict:
     """Both losses from the same (pre-update) networks, as Acme does; then both updates."""
-    nets, global_batch = self.networks, self.spec.global_batch_size
-    with tf.GradientTape(persistent=True) as tape:
-      critic_per_example = d4pg.critic_loss(nets, batch)
-      critic = engine.average_loss(batch["weight"] * critic_per_example, global_batch)
-      policy = engine.average_loss(d4pg.policy_loss(nets, batch), global_batch)
-      # Each loss times its optimizer's loss scale under float16 (else itself).
-      scaled_critic = precision.scaled(self.critic_optimizer, critic)
-      scaled_policy = precision.scaled(self.policy_optimizer, policy)
-    critic_vars, policy_vars = nets.critic_variables, nets.policy_variables
-    critic_grads = tape.gradient(scaled_critic, critic_vars)
-    policy_grads = tape.gradient(scaled_policy, policy_vars)
-    del tape
+    # Forward and backward: one XLA cluster under TrainSpec.jit_compile; the exchange
+    # (in apply_gradients_jointly) stays outside it.
+    critic, policy, critic_per_example, critic_grads, policy_grads = self.spec.compiled(
+        self._losses_and_gradients)(batch)
+    critic_vars, policy_vars = self.networks.critic_variables, self.networks.policy_variables
     metrics = self.spec.regime.apply_gradients_jointly([
         (self.critic_optimizer, critic_grads, critic_vars),
         (self.policy_optimizer, policy_grads, policy_vars)])
@@ -289,6 +282,22 @@ class D4PG(Workload):
     # the engine with the other outputs (no collective of their own).
     critic, policy = critic * engine.num_replicas(), policy * engine.num_replicas()
     return {"loss": critic, "critic_loss": critic, "policy_loss": policy, **metrics}
+
+  def _losses_and_gradients(self, batch):
+    """Critic and policy loss shares, the critic's per-example loss [b] and both
+    gradients, from the same (pre-update) networks."""
+    nets, global_batch = self.networks, self.spec.global_batch_size
+    with tf.GradientTape(persistent=True) as tape:
+      critic_per_example = d4pg.critic_loss(nets, batch)
+      critic = engine.average_loss(batch["weight"] * critic_per_example, global_batch)
+      policy = engine.average_loss(d4pg.policy_loss(nets, batch), global_batch)
+      # Each loss times its optimizer's loss scale under float16 (else itself).
+      scaled_critic = precision.scaled(self.critic_optimizer, critic)
+      scaled_policy = precision.scaled(self.policy_optimizer, policy)
+    critic_grads = tape.gradient(scaled_critic, nets.critic_variables)
+    policy_grads = tape.gradient(scaled_policy, nets.policy_variables)
+    del tape
+    return critic, policy, critic_per_example, critic_grads, policy_grads
 
   def after_train_call(self, step: int) -> None:
     """Target networks every target_update_period steps (on the host, where assigning a

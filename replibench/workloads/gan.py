@@ -134,8 +134,8 @@ class ConditionalGAN(Workload):
     self.generator, self.discriminator = self._make_models(spec)
     self.g_optimizer, self.d_optimizer = self._adam("g_adam", spec), self._adam("d_adam", spec)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
-    spec.regime.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
-    spec.regime.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
+    spec.build_optimizer(self.g_optimizer, self.generator.trainable_variables)
+    spec.build_optimizer(self.d_optimizer, self.discriminator.trainable_variables)
     self._noise_seed = tf.constant([spec.seed, 0x5A6A], tf.int64)
 
   def element_spec(self, per_replica_batch_size: int):
@@ -209,8 +209,20 @@ class ConditionalGAN(Workload):
                                                                          [per_replica])
 
   def _discriminator_update(self, real, real_labels, step, update):
+    # Forward and backward: one XLA cluster under TrainSpec.jit_compile; the exchange
+    # (in apply_gradients) stays outside it.
+    # The noise outside the compiled pass: XLA's stateless random numbers are not the
+    # graph's, and the same step must see the same z on either path.
+    z, fake_labels = self._noise(step, update, real.shape[0])
+    loss, grads = self.spec.compiled(self._discriminator_gradients)(real, real_labels, z,
+                                                                      fake_labels)
+    metrics = self.spec.regime.apply_gradients(self.d_optimizer, grads,
+                                               self.discriminator.trainable_variables)
+    return loss, metrics
+
+  def _discriminator_gradients(self, real, real_labels, z, fake_labels):
+    """This replica's discriminator loss share and its gradients."""
     b = real.shape[0]
-    z, fake_labels = self._noise(step, update, b)
     fake = precision.to_float32(self.generator(z, fake_labels, training=True))
     variables = self.discriminator.trainable_variables
     with tf.GradientTape() as tape:
@@ -220,12 +232,17 @@ class ConditionalGAN(Workload):
       loss = engine.average_loss(d_hinge_loss(logits[:b], logits[b:]),
                                  self.spec.global_batch_size)
       scaled = precision.scaled(self.d_optimizer, loss)
-    metrics = self.spec.regime.apply_gradients(self.d_optimizer, tape.gradient(scaled, variables),
-                                               variables)
-    return loss, metrics
+    return loss, tape.gradient(scaled, variables)
 
   def _generator_update(self, step, b):
-    z, labels = self._noise(step, self.n_dis, b)
+    z, labels = self._noise(step, self.n_dis, b)   # Outside, as for the discriminator.
+    loss, grads = self.spec.compiled(self._generator_gradients)(z, labels)
+    metrics = self.spec.regime.apply_gradients(self.g_optimizer, grads,
+                                               self.generator.trainable_variables)
+    return loss, metrics
+
+  def _generator_gradients(self, z, labels):
+    """This replica's generator loss share and its gradients."""
     variables = self.generator.trainable_variables
     with tf.GradientTape() as tape:
       logits = precision.to_float32(self.discriminator(
@@ -233,9 +250,7 @@ class ConditionalGAN(Workload):
       # Generator hinge loss: -mean(D(G(z))) over the global batch.
       loss = engine.average_loss(g_hinge_loss(logits), self.spec.global_batch_size)
       scaled = precision.scaled(self.g_optimizer, loss)
-    metrics = self.spec.regime.apply_gradients(self.g_optimizer, tape.gradient(scaled, variables),
-                                               variables)
-    return loss, metrics
+    return loss, tape.gradient(scaled, variables)
 
   def step_fn(self, batch) -> dict:
     images, labels = batch

@@ -72,6 +72,7 @@ class AsyncPS(Regime):
 
   name = "async_ps"
   topology_file = "configs/topology/ps.gin"   # Named in the error for a local topology.
+  update_compiles = False   # Locking kernels (make_updates_atomic): XLA would drop the locks.
 
   def __init__(self, stragglers: Stragglers | None = None):
     stragglers = stragglers_lib.checked(stragglers, "regimes.AsyncPS.stragglers")

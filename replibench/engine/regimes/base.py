@@ -36,6 +36,10 @@ class Regime:
   # What the regime's communication carries per step: GRADIENTS (one copy of the
   # gradients) or STATE (parameters and optimizer slots), for wire_bytes.
   exchanges = GRADIENTS
+  # Whether TrainSpec.jit_compile may compile the optimizer's per-variable update with
+  # XLA (engine/compilation.py); False where the update must stay TensorFlow's own
+  # kernel (the parameter servers' locking updates).
+  update_compiles = True
 
   def check(self, topology) -> None:
     """Raises UserError if this regime cannot run on topology (called before any device work)."""

@@ -1,0 +1,129 @@
+"""Experiment.jit_compile: True, False or 'auto', resolved once per run, with its reason.
+
+    Experiment.jit_compile = 'auto'   # the default: by device kind and workload
+    Experiment.jit_compile = True     # XLA around the exchange (engine/compilation.py)
+    Experiment.jit_compile = False    # TensorFlow's graph executor, op by op
+
+'auto' is True on GPUs and TPUs. On CPUs it is, per workload, whichever of graph and
+XLA was faster on the bench's CPU machine, measured side by side by `make
+bench-compile` (benchmarks/compile.py) and written down in results/compile/README.md;
+CPU_DEFAULTS holds those verdicts. `plan` prints the resolved choice and its reason,
+result.json and the history record it, and an A/B never pairs a compiled trial with
+an uncompiled one.
+"""
+
+import dataclasses
+
+import gin
+import tensorflow as tf
+
+from replibench.engine import Local, Tpu, devices
+from replibench.engine.model_parallel import Mesh
+from replibench.engine.regimes import AsyncPS
+from replibench.errors import UserError
+from replibench.inputs import shown
+
+AUTO = "auto"
+CHOICES = (True, False, AUTO)
+
+# 'auto' on a CPU, per workload class: True where XLA was the faster, measured
+# (results/compile/README.md, `make bench-compile`). Absent: False.
+CPU_DEFAULTS = {
+    "ImageClassification": False,   # pending measurement (results/compile/README.md)
+    "ConditionalGAN": False,        # pending measurement (results/compile/README.md)
+    "D4PG": False,                  # pending measurement (results/compile/README.md)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileChoice:
+  """What Experiment.jit_compile asked for, what the run does, and why."""
+
+  requested: bool | str    # True, False or 'auto', as configured.
+  enabled: bool            # What TrainSpec.jit_compile is.
+  device_kind: str         # 'cpu' | 'gpu' | 'tpu': what 'auto' looked at.
+  reason: str              # One sentence, for `plan`.
+
+  def describe(self) -> str:
+    return (f"{'XLA' if self.enabled else 'graph (no XLA)'}: Experiment.jit_compile = "
+            f"{self.requested!r}, {self.reason}")
+
+
+def device_kind(topology) -> str:
+  """'tpu', 'gpu' or 'cpu': the kind of device the topology's replicas run on (without
+  initialising a device: physical devices are listed only)."""
+  if isinstance(topology, Tpu):
+    return "tpu"
+  if isinstance(topology, Local):
+    return devices.resolve_kind(topology.num_replicas, topology.device)
+  if isinstance(topology, Mesh) and not topology.workers:
+    return devices.resolve_kind(topology.num_devices, topology.device)
+  if isinstance(topology, Mesh):
+    return "cpu"   # A Mesh's worker processes run on CPUs (topology.Mesh refuses GPUs).
+  return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def _cannot_compile(topology, regime) -> str | None:
+  """Why this path cannot compile its step with XLA, or None."""
+  if isinstance(topology, Mesh):
+    return (f"topology.Mesh (model = {topology.model}, parallelism = "
+            f"{topology.parallelism!r}) splits each replica's forward and backward pass over "
+            f"{topology.model} devices, with transfers (a pipeline's activations) or "
+            f"collectives (tensor-parallel layers' partial sums) between them, and an XLA "
+            f"cluster on a CPU or GPU is one device's program: the pass cannot be one "
+            f"cluster, and compiling it layer by layer between those exchanges is not "
+            f"built")
+  if topology.num_replicas > 1 and _binds_cross_replica_batch_norm():
+    return (f"the config binds @engine.cross_replica_batch_norm, whose all-reduce of the "
+            f"batch moments lies inside the forward and backward pass that XLA compiles as "
+            f"one cluster, and a cluster cannot hold a collective among "
+            f"{topology.num_replicas} replicas (tf.distribute's merge_call and CPU "
+            f"collectives live outside XLA); @engine.per_replica_batch_norm compiles")
+  if isinstance(regime, AsyncPS):
+    return (f"Experiment.regime = {regime.setting()} keeps the variables on the parameter "
+            f"servers, and an XLA cluster cannot read a variable placed on another device "
+            f"(XLA's known issue 'tf.Variable on a different device': TensorFlow refuses "
+            f"such a step with INVALID_ARGUMENT, tried under ParameterServerStrategy); the "
+            f"servers' updates must stay TensorFlow's locking kernels besides "
+            f"(training_kernels.make_updates_atomic), which XLA would not lock")
+  return None
+
+
+def _binds_cross_replica_batch_norm() -> bool:
+  """Whether the parsed gin config names cross-replica batch norm anywhere."""
+  config = gin.config_str()
+  return "cross_replica_batch_norm" in config or "CrossReplicaBatchNorm" in config
+
+
+def resolve(requested, workload, topology, regime) -> CompileChoice:
+  """The run's choice (UserError for a value other than True, False, 'auto', for
+  False on a TPU and for True on a path that cannot compile)."""
+  if not (isinstance(requested, bool) or requested == AUTO):
+    raise UserError(f"Experiment.jit_compile = {shown(requested)}: choose True (XLA), False "
+                    f"(TensorFlow's graph executor) or 'auto' (by device kind and workload: "
+                    f"replibench/config/compile_choice.py).")
+  kind = device_kind(topology)
+  if kind == "tpu":
+    if requested is False:
+      raise UserError(
+          "Experiment.jit_compile = False with topology.Tpu: a TPU runs nothing but XLA "
+          "programs (TPUStrategy compiles every step), so the step cannot run uncompiled; "
+          "use True or 'auto', or a Local or MultiWorker topology for a graph-mode run.")
+    return CompileChoice(requested, True, kind, "a TPU runs XLA programs only")
+  refusal = _cannot_compile(topology, regime)
+  if refusal and requested is True:
+    raise UserError(f"Experiment.jit_compile = True: {refusal}. Set "
+                    f"Experiment.jit_compile = False, or 'auto' (which resolves to False "
+                    f"here and says why in `replibench plan`).")
+  if refusal:
+    return CompileChoice(requested, False, kind, f"not compiled: {refusal}")
+  if requested != AUTO:
+    return CompileChoice(requested, requested, kind, "as configured")
+  if kind == "gpu":
+    return CompileChoice(requested, True, kind, "on GPUs XLA is on by default")
+  name = type(workload).__name__
+  enabled = CPU_DEFAULTS.get(name, False)
+  return CompileChoice(requested, enabled, kind,
+                       f"on CPUs {name} {'compiles' if enabled else 'runs as a graph'} by "
+                       f"default (CPU_DEFAULTS in replibench/config/compile_choice.py, from "
+                       f"results/compile/README.md)")
