@@ -47,6 +47,13 @@ TARGET_CONFIGS = {      # workload -> (config, smoke overrides): the bench suite
     "sngan": ("configs/sngan/fashion_mnist.gin", "configs/sngan/smoke.gin"),
     "d4pg": ("configs/d4pg/cartpole_swingup.gin", "configs/d4pg/smoke.gin"),
 }
+# --target_scale=bench: each `make bench` suite's own per-trial config, to its target (the
+# figures that 'auto' on a CPU decides: the bench's examples/s and time to target).
+BENCH_CONFIGS = {
+    "resnet": "configs/resnet/scaling.gin",
+    "sngan": "configs/sngan/batch_scaling.gin",
+    "d4pg": "configs/d4pg/learner_scaling.gin",
+}
 
 
 def _jit(cmd: list[str], jit: bool) -> list[str]:
@@ -88,24 +95,32 @@ def throughput_pairs(args, machine) -> list[dict]:
   return pairs
 
 
-def target_command(workload: str, seed: int) -> list[str]:
-  config, smoke = TARGET_CONFIGS[workload]
-  return bench_runs.command(config, "replicas", 1, [f"include '{smoke}'",
-                                                    f"Experiment.seed = {seed}"],
-                            10**9, "WORKDIR")   # The config's budget ends the run.
+def target_command(workload: str, seed: int, scale: str = "smoke",
+                   replicas: int = 1) -> list[str]:
+  """The run of workload to its target: the bench suite's config (scale 'bench') or its
+  smoke scale, on `replicas` logical replicas; the config's budget ends it."""
+  if scale == "bench":
+    config, bindings = BENCH_CONFIGS[workload], [f"Experiment.seed = {seed}"]
+  else:
+    config, smoke = TARGET_CONFIGS[workload]
+    bindings = [f"include '{smoke}'", f"Experiment.seed = {seed}"]
+  return bench_runs.command(config, "replicas", replicas, bindings, 10**9, "WORKDIR")
 
 
 def target_pairs(args) -> list[dict]:
   """[{trial, round, graph, xla}]: each workload and seed to its smoke target, paired."""
   pairs = []
-  for seed in range(args.seeds):
-    for i, workload in enumerate(args.target_workloads.split(",")):
-      pair = {"trial": f"{workload} seed={seed}", "round": seed}
+  trials = [(w, int(n)) for w in args.target_workloads.split(",")
+            for n in args.target_replicas.split(",")]
+  for seed in range(1, args.seeds + 1):
+    for i, (workload, n) in enumerate(trials):
+      name = f"{workload} replicas={n} seed={seed}"
+      pair = {"trial": name, "round": seed}
+      cmd = target_command(workload, seed, args.target_scale, n)
       for jit in _order(i, seed):
-        pair["xla" if jit else "graph"] = _run(_jit(target_command(workload, seed), jit),
-                                               f"{workload} seed={seed} jit={jit}", {})
+        pair["xla" if jit else "graph"] = _run(_jit(cmd, jit), f"{name} jit={jit}", {})
       pairs.append(pair)
-      print(f"[seed {seed}] {workload}: {_said(pair, 'target')}", flush=True)
+      print(f"[seed {seed}] {name}: {_said(pair, 'target')}", flush=True)
       if args.out:
         write(args.out, "time_to_target", pairs, target_table(pairs))
   return pairs
@@ -125,7 +140,7 @@ def _said(pair: dict, kind: str) -> str:
       parts.append(f"{side} {_rate(r)} ex/s")
     else:
       parts.append(f"{side} {r.get('status')} {r.get('time_to_target_s')} s "
-                   f"{r.get('steps_to_target')} steps")
+                   f"{r.get('steps_to_target')} steps {r.get('examples_per_s')} ex/s")
   return "; ".join(parts)
 
 
@@ -162,20 +177,23 @@ def throughput_table(pairs: list[dict]) -> list[str]:
 
 
 def target_table(pairs: list[dict]) -> list[str]:
-  lines = ["| trial | graph: status, s, steps, first call s | XLA: status, s, steps, first call s "
-           "| XLA / graph time |", "|---|---|---|---|"]
+  lines = ["| trial | graph: status, s, steps, first call s, ex/s | XLA: status, s, steps, "
+           "first call s, ex/s | XLA / graph time | XLA / graph ex/s |", "|---|---|---|---|---|"]
   for p in pairs:
-    cells, times = [], []
+    cells, times, rates = [], [], []
     for side in ("graph", "xla"):
       r = p[side]
       if throughput.FAILED in r:
         cells.append(_failure(r))
         continue
       cells.append(f"{r.get('status')}, {_round(r.get('time_to_target_s'))}, "
-                   f"{r.get('steps_to_target')}, {_round(r.get('first_call_s'))}")
+                   f"{r.get('steps_to_target')}, {_round(r.get('first_call_s'))}, "
+                   f"{_round(r.get('examples_per_s'))}")
       times.append(r.get("time_to_target_s"))
+      rates.append(r.get("examples_per_s"))
     ratio = f"{times[1] / times[0]:.3f}" if len(times) == 2 and all(times) else ""
-    lines.append(f"| {p['trial']} | {cells[0]} | {cells[-1]} | {ratio} |")
+    rate = f"{rates[1] / rates[0]:.3f}" if len(rates) == 2 and all(rates) else ""
+    lines.append(f"| {p['trial']} | {cells[0]} | {cells[-1]} | {ratio} | {rate} |")
   return lines
 
 
@@ -217,9 +235,17 @@ def main():
   parser.add_argument("--rounds", type=int, default=3, help="pairs per throughput trial")
   parser.add_argument("--seeds", type=int, default=2, help="pairs per time-to-target trial")
   parser.add_argument("--target_workloads", default=",".join(TARGET_CONFIGS))
+  parser.add_argument("--target_scale", choices=("smoke", "bench"), default="smoke",
+                      help="bench: each make-bench suite's own config to its target")
+  parser.add_argument("--target_replicas", default="1", help="e.g. 1,2: logical replicas "
+                      "of the time-to-target runs")
   parser.add_argument("--skip_target", action="store_true", help="throughput only")
   parser.add_argument("--skip_throughput", action="store_true", help="time to target only")
   parser.add_argument("--out", default=os.path.join(REPO, "results", "compile"))
+  parser.add_argument("--gin_bindings", action="append", default=[],
+                      help="a binding for every throughput run (as benchmarks/throughput.py)")
+  parser.add_argument("--profile", action="store_true", help="profile one more call of every "
+                      "throughput run (as benchmarks/throughput.py)")
   parser.add_argument("--dry_run", action="store_true")
   args = parser.parse_args()
   machine = throughput.MACHINES[args.machine]
@@ -230,8 +256,8 @@ def main():
               shlex.join(_jit(throughput.command(t, machine, args, "WORKDIR"), jit)))
     for workload in ([] if args.skip_target else args.target_workloads.split(",")):
       for jit in SIDES:
-        print(workload, f"jit={jit}", "\n   ", shlex.join(_jit(target_command(workload, 0),
-                                                               jit)))
+        print(workload, f"jit={jit}", "\n   ", shlex.join(_jit(
+            target_command(workload, 1, args.target_scale), jit)))
     return
   if not args.skip_throughput:
     print("\n".join(throughput_table(throughput_pairs(args, machine))), flush=True)
