@@ -16,7 +16,7 @@ import pytest
 
 from replibench import rates
 from replibench.harness import netns
-from tests import helpers, inprocess_cli
+from tests import helpers
 
 # Inside a fresh namespace: set lo up, limit it, send BYTES from this process to a
 # child process over TCP, and print the seconds the transfer took and the counter.
@@ -68,14 +68,14 @@ def test_the_loopback_counter_sees_an_unlimited_transfer():
   assert _transfer("none", 2**20)["counted"] >= 2**20
 
 
-def test_a_rate_without_tc_is_an_error_before_anything_runs(tmp_path, capsys):
+def test_a_rate_without_tc_is_an_error_before_anything_runs(tmp_path):
   bin_dir = tmp_path / "bin"   # A PATH with unshare (and the `true` it checks with), no tc.
   bin_dir.mkdir()
   for program in ("unshare", "true"):
     os.symlink(shutil.which(program), bin_dir / program)
-  run = inprocess_cli.cli(capsys, "launch", "--workers=2", "--network=100mbit", "--", "run",
-                          "--gin_file=configs/resnet/fashion_mnist.gin",
-                          f"--workdir={tmp_path / 'run'}", env={"PATH": str(bin_dir)})
+  run = helpers.cli("launch", "--workers=2", "--network=100mbit", "--", "run",
+                    "--gin_file=configs/resnet/fashion_mnist.gin",
+                    f"--workdir={tmp_path / 'run'}", env={"PATH": str(bin_dir)})
   assert run.returncode == 2, run.stderr[-2000:]
   assert "`tc` program" in run.stderr and "--network=100mbit" in run.stderr
   assert not (tmp_path / "run").exists()
