@@ -20,7 +20,8 @@ from replibench.engine import regimes
 from replibench.engine import ps
 from replibench.engine.regimes import async_ps
 from replibench.errors import UserError
-from tests import helpers
+from replibench.harness.loop import run_experiment
+from tests import helpers, inprocess_cli
 
 RESNET, GAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist.gin"
 PS = "configs/topology/ps.gin"
@@ -37,12 +38,22 @@ def _launch(workers: int, flags: list[str], workdir, topology: str = PS) -> list
           f"--workdir={workdir}"]
 
 
+def _run_here(flags: list[str], workdir, max_steps: int) -> None:
+  """What `replibench run FLAGS` does, in this process (no TensorFlow import to pay for):
+  the launched run is what these tests check; Sync's reference is any run of it."""
+  files = [os.path.join(helpers.REPO, f.removeprefix("--gin_file=")) for f in flags
+           if f.startswith("--gin_file=")]
+  bindings = [f.removeprefix("--gin_bindings=") for f in flags
+              if f.startswith("--gin_bindings=")]
+  assert len(files) + len(bindings) == len(flags), flags
+  run_experiment(load_experiment(files, bindings), str(workdir), max_steps=max_steps)
+
+
 def _beside_sync(tmp_path, flags: list[str], workers: int, name: str, local=(),
                  topology: str = PS) -> tuple:
   """Two steps of flags in one process (Sync; `local`: its topology flags) and launched
   on `workers` parameter-server workers (topology): (their results), both succeeded."""
-  run = helpers.cli("run", *flags, *local, "--max_steps=2", f"--workdir={tmp_path / 'sync'}")
-  assert run.returncode == 0, run.stderr[-3000:]
+  _run_here([*flags, *local], tmp_path / "sync", max_steps=2)
   launched = helpers.cli(*_launch(workers, flags + ["--max_steps=2"], tmp_path / name,
                                   topology=topology))
   assert launched.returncode == 0, helpers.failure_report(launched)
@@ -165,23 +176,23 @@ def test_gan_trains_on_two_workers(tmp_path):
     assert reader.get_tensor(f"{name}/_iterations/.ATTRIBUTES/VARIABLE_VALUE") == 8
 
 
-def test_async_ps_on_a_local_topology_is_a_user_error(tmp_path):
-  run = helpers.cli("run", *_flags(RESNET, "Experiment.regime = @regimes.AsyncPS()"),
-                    f"--workdir={tmp_path}")
+def test_async_ps_on_a_local_topology_is_a_user_error(tmp_path, capsys):
+  run = inprocess_cli.cli(capsys, "run", *_flags(RESNET, "Experiment.regime = @regimes.AsyncPS()"),
+                          f"--workdir={tmp_path}")
   assert run.returncode == 2, run.stderr[-3000:]
   assert "Experiment.regime = @regimes.AsyncPS() needs Experiment.topology" in run.stderr
   assert not (tmp_path / "result.json").exists()
 
 
-def test_d4pg_cannot_train_on_parameter_server_workers(tmp_path):
+def test_d4pg_cannot_train_on_parameter_server_workers(tmp_path, capsys):
   # Refused when the config is loaded, so `plan` refuses it too and `run` writes nothing.
   config = "configs/d4pg/cartpole_swingup.gin"
   with pytest.raises(UserError, match="replay buffer.*AsyncPS"):
     load_experiment([os.path.join(helpers.REPO, config), os.path.join(helpers.REPO, PS)],
                     helpers.TINY[config])
-  run = helpers.cli("run", f"--gin_file={config}", f"--gin_file={PS}",
-                    *(f"--gin_bindings={b}" for b in helpers.TINY[config]),
-                    f"--workdir={tmp_path / 'run'}")
+  run = inprocess_cli.cli(capsys, "run", f"--gin_file={config}", f"--gin_file={PS}",
+                          *(f"--gin_bindings={b}" for b in helpers.TINY[config]),
+                          f"--workdir={tmp_path / 'run'}")
   assert run.returncode == 2 and "replay buffer" in run.stderr, run.stderr[-2000:]
   assert not (tmp_path / "run").exists()
 

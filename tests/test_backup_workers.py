@@ -14,7 +14,7 @@ from replibench.config import load_experiment
 from replibench.engine import ps, regimes
 from replibench.engine.regimes import stragglers as stragglers_lib
 from replibench.errors import UserError
-from tests import helpers
+from tests import helpers, inprocess_cli
 from tests import test_async_ps as async_ps_test
 from tests.test_async_ps import _assert_close_to_scale, _cluster, _flags, _variables
 
@@ -115,20 +115,20 @@ def test_bad_bindings_are_user_errors_naming_the_binding(bindings, culprit):
     _load(RESNET, *bindings)
 
 
-def test_bad_bindings_exit_2_through_the_cli(tmp_path):
+def test_bad_bindings_exit_2_through_the_cli(tmp_path, capsys):
   for bindings, culprit in [
       (["regimes.BackupPS.backup_workers = 2"], "regimes.BackupPS.backup_workers = 2"),
       (["regimes.BackupPS.stragglers = @regimes.Stragglers()",
         "regimes.Stragglers.fraction = -0.1"], "regimes.Stragglers.fraction")]:
-    run = helpers.cli("run", *_flags(RESNET, *bindings), f"--gin_file={BACKUP}",
-                      f"--workdir={tmp_path / 'run'}")
+    run = inprocess_cli.cli(capsys, "run", *_flags(RESNET, *bindings), f"--gin_file={BACKUP}",
+                            f"--workdir={tmp_path / 'run'}")
     assert run.returncode == 2 and culprit in run.stderr, run.stderr[-2000:]
     assert not (tmp_path / "run").exists()
 
 
-def test_two_optimizer_steps_a_step_are_refused(tmp_path):
+def test_two_optimizer_steps_a_step_are_refused(capsys):
   """The GAN's discriminator and generator steps: `plan` (and `run`) refuse them."""
-  run = helpers.cli("plan", *_flags(GAN), f"--gin_file={BACKUP}")
+  run = inprocess_cli.cli(capsys, "plan", *_flags(GAN), f"--gin_file={BACKUP}")
   assert run.returncode == 2, run.stderr[-2000:]
   assert "Experiment.regime = @regimes.BackupPS()" in run.stderr
   assert "more than one optimizer" in run.stderr

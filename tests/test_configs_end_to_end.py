@@ -10,7 +10,7 @@ from tensorflow import make_ndarray
 from replibench.config import load_experiment
 from replibench.config.plan import make_plan
 from replibench.harness.loop import run_experiment
-from tests import helpers, test_mllog_compliance
+from tests import helpers, test_mllog_compliance, tiny_runs
 
 RESULT_KEYS = {"status", "target_metric", "target", "time_to_target_s", "init_s",
                "steps_to_target", "epochs_to_target", "examples_to_target", "final_metric",
@@ -27,11 +27,9 @@ def test_every_workload_config_has_a_tiny_override():
 @pytest.mark.parametrize("config", [c for c in helpers.workload_configs()
                                     if helpers.runs_on_cpu(c)])
 @pytest.mark.parametrize("topology", ["local1.gin", "local2.gin"])
-def test_config_runs_end_to_end(config, topology, tmp_path):
-  files = [os.path.join(helpers.REPO, config),
-           os.path.join(helpers.REPO, "configs", "topology", topology)]
-  experiment = load_experiment(files, helpers.TINY[config])
-  result = run_experiment(experiment, str(tmp_path))
+def test_config_runs_end_to_end(config, topology, tmp_path_factory):
+  # The run is shared with tests of its workload's own outputs (tests/tiny_runs.py).
+  result, tmp_path = tiny_runs.run(tmp_path_factory, config, topology)
 
   assert RESULT_KEYS <= set(result.to_dict())
   assert result == helpers.result(tmp_path)      # what was returned is what was written

@@ -8,7 +8,7 @@ from replibench import engine
 from replibench.engine import devices
 from replibench.engine.spec import per_replica_batch_size
 from replibench.errors import UserError
-from tests import helpers
+from tests import inprocess_cli
 
 
 def test_global_batch_must_divide_over_replicas():
@@ -55,10 +55,10 @@ def test_tpu_topology_plans_but_does_not_run_here():
     engine.Tpu(num_cores=32).make_strategy()
 
 
-def test_cli_exits_non_zero_on_bad_tf_config(tmp_path):
-  run = helpers.cli("run", "--gin_file=configs/resnet/fashion_mnist.gin",
-                    "--gin_file=configs/topology/workers.gin", f"--workdir={tmp_path}",
-                    env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, '
-                                      '"task": {"type": "worker", "index": 5}}'})
+def test_cli_exits_non_zero_on_bad_tf_config(tmp_path, capsys):
+  run = inprocess_cli.cli(capsys, "run", "--gin_file=configs/resnet/fashion_mnist.gin",
+                          "--gin_file=configs/topology/workers.gin", f"--workdir={tmp_path}",
+                          env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                                            '"task": {"type": "worker", "index": 5}}'})
   assert run.returncode == 2 and "TF_CONFIG" in run.stderr, run.stderr[-2000:]
   assert not (tmp_path / "result.json").exists()

@@ -17,11 +17,10 @@ from replibench.engine import regimes
 from replibench.config import load_experiment
 from replibench.data.sources import FashionMNIST
 from replibench.errors import UserError
-from replibench.eval import classifier as classifier_lib
 from replibench.harness.loop import run_experiment
 from replibench.workloads.base import TrainSpec
 from replibench.workloads.gan import ConditionalGAN
-from tests import helpers
+from tests import helpers, tiny_runs
 
 GLOBAL_BATCH = 8
 N_DIS = 2
@@ -138,20 +137,11 @@ def test_input_regroups_the_same_real_batches_for_any_replica_count():
       np.testing.assert_array_equal(got_y.numpy(), want_y.numpy())
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-  """One cache for the module, so the tiny classifier trains once."""
-  return tmp_path_factory.mktemp("cache")
-
-
-def test_tiny_config_reports_scores_real_references_and_a_sample_grid(
-    tmp_path, cache_dir, monkeypatch):
-  monkeypatch.setenv(classifier_lib.CACHE_ENV, str(cache_dir))
-  experiment = load_experiment(
-      [os.path.join(helpers.REPO, CONFIG),
-       os.path.join(helpers.REPO, "configs/topology/local1.gin")],
-      helpers.TINY[CONFIG] + ["Experiment.target = 0.0"])   # Never met: 2 evaluations.
-  result = run_experiment(experiment, str(tmp_path))
+def test_tiny_config_reports_scores_real_references_and_a_sample_grid(tmp_path_factory):
+  # The tiny config on 1 replica (its target, 0, never met: 2 evaluations), the run
+  # test_configs_end_to_end checks too; its scorer trained into a fresh cache.
+  result, tmp_path = tiny_runs.run(tmp_path_factory, CONFIG, "local1.gin")
+  assert result.target == 0.0
   assert result.target_metric == "eval/fid" and not result.higher_is_better
   assert result.final_step == 4 and len(result.curve) == 2
   metrics = result.final_metrics

@@ -13,7 +13,7 @@ import pytest
 from replibench.engine.measure import noise_scale
 from replibench.errors import UserError
 from replibench.predict import command, efficiency, hardware
-from tests import helpers
+from tests import helpers, inprocess_cli, tiny_runs
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 V100 = os.path.join(helpers.REPO, "configs/devices/v100_node.gin")
@@ -139,9 +139,9 @@ def _efficiency_file(tmp_path, target=0.92, workload="resnet_fashion_mnist") -> 
   return str(path)
 
 
-def test_predict_a_gpu_cluster_this_machine_lacks(tmp_path):
-  run = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
-                    "--workers=4", f"--efficiency={_efficiency_file(tmp_path)}", "--json")
+def test_predict_a_gpu_cluster_this_machine_lacks(tmp_path, capsys):
+  run = inprocess_cli.cli(capsys, "predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
+                          "--workers=4", f"--efficiency={_efficiency_file(tmp_path)}", "--json")
   assert run.returncode == 0, run.stderr[-3000:]
   got = json.loads(run.stdout)
   assert got["num_replicas"] == 32 and got["hosts"] == 4
@@ -151,9 +151,9 @@ def test_predict_a_gpu_cluster_this_machine_lacks(tmp_path):
   assert low < got["steps_to_target"] < high
   assert got["time_interval_s"][0] < got["time_to_target_s"] < got["time_interval_s"][1]
   assert math.isfinite(got["critical_batch"]) and got["critical_batch"] > 0
-  slower = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
-                       "--workers=4", "--network=1gbit", f"--efficiency={_efficiency_file(tmp_path)}",
-                       "--json")
+  slower = inprocess_cli.cli(capsys, "predict", f"--gin_file={CONFIG}",
+                             f"--device_profile={V100}", "--workers=4", "--network=1gbit",
+                             f"--efficiency={_efficiency_file(tmp_path)}", "--json")
   assert json.loads(slower.stdout)["comm_s"] > got["comm_s"]
 
 
@@ -164,7 +164,7 @@ def test_predict_a_gpu_cluster_this_machine_lacks(tmp_path):
     ("other_target", "target 0.92"),
     ("missing_efficiency", "no such statistical-efficiency file"),
 ])
-def test_bad_predict_input_exits_2_naming_the_culprit(tmp_path, case, culprit):
+def test_bad_predict_input_exits_2_naming_the_culprit(tmp_path, capsys, case, culprit):
   profile, efficiency_path = V100, _efficiency_file(tmp_path)
   if case == "unknown_field":
     profile = str(tmp_path / "bad.gin")
@@ -178,19 +178,25 @@ def test_bad_predict_input_exits_2_naming_the_culprit(tmp_path, case, culprit):
   if case != "no_profile":
     args.append("--device_profile=/nonexistent.gin" if case == "missing_profile"
                 else f"--device_profile={profile}")
-  run = helpers.cli(*args)
+  run = inprocess_cli.cli(capsys, *args)
   assert run.returncode == 2, (run.stdout[-1000:], run.stderr[-2000:])
   assert "Traceback" not in run.stderr and culprit in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("norm", ["cross_replica", "per_replica"])
-def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(tmp_path, norm):
+def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(
+    tmp_path, tmp_path_factory, norm):
   from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
   from replibench.harness.loop import run_experiment  # pylint: disable=import-outside-toplevel
-  files = [os.path.join(helpers.REPO, CONFIG),
-           os.path.join(helpers.REPO, "configs/topology/local2.gin")]
-  overrides = helpers.TINY[CONFIG] + [f"small_resnet.norm_layer = @engine.{norm}_batch_norm"]
-  result = run_experiment(load_experiment(files, overrides), str(tmp_path))
+  binding = f"small_resnet.norm_layer = @engine.{norm}_batch_norm"
+  if norm == "cross_replica":   # The config's own, in the run test_configs_end_to_end checks.
+    result, _ = tiny_runs.run(tmp_path_factory, CONFIG, "local2.gin")
+    assert binding in result.operative_config
+  else:
+    files = [os.path.join(helpers.REPO, CONFIG),
+             os.path.join(helpers.REPO, "configs/topology/local2.gin")]
+    result = run_experiment(load_experiment(files, [*helpers.TINY[CONFIG], binding]),
+                            str(tmp_path))
   record = result.noise_scale
   assert record["per_replica_batch"] * 2 == record["global_batch"] == result.global_batch_size
   assert math.isfinite(record["trace_sigma"]) and math.isfinite(record["grad_sq"])
@@ -199,24 +205,24 @@ def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(tm
   assert result.regime_metrics[noise_scale.SMALL] > 0 < result.regime_metrics[noise_scale.BIG]
 
 
-def test_predict_takes_a_topology_file_and_refuses_it_with_workers(tmp_path):
+def test_predict_takes_a_topology_file_and_refuses_it_with_workers(tmp_path, capsys):
   local4 = os.path.join(helpers.REPO, "configs/topology/local4.gin")
-  run = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
-                    f"--topology={local4}", f"--efficiency={_efficiency_file(tmp_path)}")
+  run = inprocess_cli.cli(capsys, "predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
+                          f"--topology={local4}", f"--efficiency={_efficiency_file(tmp_path)}")
   assert run.returncode == 0, run.stderr[-3000:]
   assert "4 on 1 host(s)" in run.stdout and "time to target" in run.stdout
-  both = helpers.cli("predict", f"--gin_file={CONFIG}", f"--device_profile={V100}",
-                     f"--topology={local4}", "--workers=2")
+  both = inprocess_cli.cli(capsys, "predict", f"--gin_file={CONFIG}",
+                           f"--device_profile={V100}", f"--topology={local4}", "--workers=2")
   assert both.returncode == 2 and "not both" in both.stderr
 
 
-def test_the_documented_predict_example_runs_on_the_committed_efficiency_file():
+def test_the_documented_predict_example_runs_on_the_committed_efficiency_file(capsys):
   """`replibench predict --help`'s example, as printed, against results/predict/."""
   import shlex  # pylint: disable=import-outside-toplevel
   from replibench.cli_help import COMMANDS  # pylint: disable=import-outside-toplevel
   args = shlex.split(COMMANDS["predict"].example)
   assert args[:2] == ["replibench", "predict"]
-  run = helpers.cli(*args[1:], "--json")
+  run = inprocess_cli.cli(capsys, *args[1:], "--json")
   assert run.returncode == 0, run.stderr[-3000:]
   got = json.loads(run.stdout)
   assert got["workload"] == "resnet_fashion_mnist" and got["target"] == 0.90
@@ -246,12 +252,12 @@ def _header_command(path: str) -> list[str]:
      90 * 1281167 / 4096, "at_most"),
 ])
 def test_the_published_results_predict_from_their_profiles_headers(
-    profile, workload_file, replicas, batch, steps, bound):
+    capsys, profile, workload_file, replicas, batch, steps, bound):
   """The ImageNet comparisons of results/predict/README.md, by the commands in the
   device profiles' headers: topologies and a dataset this machine lacks."""
   args = _header_command(profile)
   assert f"--device_profile={profile}" in args
-  run = helpers.cli(*args, "--json")
+  run = inprocess_cli.cli(capsys, *args, "--json")
   assert run.returncode == 0, run.stderr[-3000:]
   got = json.loads(run.stdout)
   assert (got["num_replicas"], got["global_batch_size"]) == (replicas, batch)

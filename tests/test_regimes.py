@@ -1,7 +1,7 @@
 """Training regimes: local SGD, compressed gradients and gossip against sync, and their parts."""
 
-import concurrent.futures
 import contextlib
+import gc
 import os
 
 import keras
@@ -15,6 +15,7 @@ from replibench.config.plan import format_plan, make_plan
 from replibench.engine import collectives, regimes
 from replibench.engine.regimes import compressed, gossip, quantization
 from replibench.errors import UserError
+from replibench.harness.loop import run_experiment
 from tests import helpers
 
 from tests.regime_runs import (GLOBAL_BATCH, LOOSE_CLIP, STEPS, TIGHT_CLIP, Run,
@@ -262,26 +263,22 @@ def test_plan_shows_the_regime(regime, bindings, tags):
 
 @pytest.fixture(scope="module")
 def harness_runs(tmp_path_factory):
-  """{regime: workdir} after two training steps of each regime through `replibench run`.
+  """{regime: workdir} after two training steps of each regime through the harness.
 
-  The runs are mostly process start-up and tracing, CPU-bound: two at a time (the
-  machine's cores): each holds ~1 GB resident, and five at once held ~5 GB beside the
-  other test worker's processes.
+  In this process (run_experiment, as `replibench run` calls it), one after another:
+  five `replibench run` processes each paid TensorFlow's import and start-up (~5 s)
+  for what these tests check, the harness's outputs (test_cli runs the CLI itself).
   """
-  # Made here, not in the threads: the factory's first mktemp of a session
-  # creates its base directory, and concurrent first calls race there.
-  workdirs = {case: tmp_path_factory.mktemp(case) for case in CASE_IDS}
-
-  def run(case):
-    (regime, bindings, _), workdir = HARNESS_CASES[CASE_IDS.index(case)], workdirs[case]
-    done = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_file=configs/topology/local2.gin",
-                       *(f"--gin_bindings={b}" for b in _bindings(regime, bindings)),
-                       "--max_steps=2", f"--workdir={workdir}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return case, workdir
-
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    return dict(pool.map(run, CASE_IDS))
+  workdirs = {}
+  for case in CASE_IDS:
+    regime, bindings, _ = HARNESS_CASES[CASE_IDS.index(case)]
+    workdir = tmp_path_factory.mktemp(case)
+    files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
+    run_experiment(load_experiment(files, _bindings(regime, bindings)), str(workdir),
+                   max_steps=2)   # load_experiment starts from a cleared gin config.
+    gc.collect()   # Each run's tf.data iterators, before the next run (see conftest).
+    workdirs[case] = workdir
+  return workdirs
 
 
 @pytest.mark.parametrize("case,tags", [(c, t) for c, (_, _, t) in zip(CASE_IDS, HARNESS_CASES)],

@@ -5,6 +5,7 @@ import fcntl
 import glob
 import json
 import os
+import shutil
 
 import pytest
 
@@ -30,6 +31,30 @@ def _checkpoints(workdir) -> list[str]:
   return sorted(glob.glob(os.path.join(workdir, "checkpoints", "ckpt-*.index")))
 
 
+EVERY_STEP = ["Experiment.checkpoint_every_epochs = 0.1"]   # One checkpoint per step.
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+  """Workdirs left by short runs, each made once for the tests that damage or resume a
+  copy of it (a run is mostly tracing, the same in each test):
+  'steps_2': 2 of 5 steps; 'every_step_2', 'every_step_3': 2, then 3 steps, with a
+  checkpoint every step (ckpt-1, ckpt-2; then ckpt-2, ckpt-3: the manager keeps two)."""
+  made = {name: tmp_path_factory.mktemp(name)
+          for name in ("steps_2", "every_step_2", "every_step_3")}
+  _run(made["steps_2"], max_steps=2)
+  _run(made["every_step_2"], EVERY_STEP, max_steps=2)
+  shutil.copytree(made["every_step_2"], made["every_step_3"], dirs_exist_ok=True)
+  _run(made["every_step_3"], EVERY_STEP, max_steps=3)
+  return made
+
+
+def _copy(workdirs, name: str, to):
+  """A copy of the module's workdir `name` at `to` (checkpoint state paths are relative)."""
+  shutil.copytree(workdirs[name], to, dirs_exist_ok=True)
+  return to
+
+
 def test_a_run_killed_after_its_final_checkpoint_only_writes_its_result(tmp_path):
   first = _run(tmp_path, REACHING[len(helpers.TINY[CONFIG]):])
   assert first.status == "reached" and first.steps_to_target == 3
@@ -45,9 +70,8 @@ def test_a_run_killed_after_its_final_checkpoint_only_writes_its_result(tmp_path
   assert (third.status, third.steps_to_target, third.final_step) == ("reached", 3, 3)
 
 
-def test_a_resumed_run_records_its_sessions(tmp_path):
-  _run(tmp_path, max_steps=2)
-  result = _run(tmp_path)
+def test_a_resumed_run_records_its_sessions(tmp_path, workdirs):
+  result = _run(_copy(workdirs, "steps_2", tmp_path))
   assert result.resumed == 1 and [s["start_step"] for s in result.sessions] == [0, 2]
   assert result.sessions[0]["end_step"] == 2 and result.sessions[1]["end_step"] == 5
   assert all(s["timed_s"] > 0 for s in result.sessions)
@@ -86,28 +110,26 @@ def _flip_bytes(path: str) -> None:
     lambda prefix: _truncate(prefix + ".index"),
     lambda prefix: _flip_bytes(glob.glob(prefix + ".data-*")[0]),
 ])
-def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
-  every_step = ["Experiment.checkpoint_every_epochs = 0.1"]   # One checkpoint per step.
-  _run(tmp_path, every_step, max_steps=2)
-  _run(tmp_path, every_step, max_steps=3)
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, workdirs, damage):
+  _copy(workdirs, "every_step_3", tmp_path)   # Runs of 2, then 3 steps.
   assert [os.path.basename(p) for p in _checkpoints(tmp_path)] == ["ckpt-2.index", "ckpt-3.index"]
   damage(_checkpoints(tmp_path)[-1][:-len(".index")])
-  result = _run(tmp_path, every_step, max_steps=4)
+  result = _run(tmp_path, EVERY_STEP, max_steps=4)
   assert result.final_step == 4
   assert result.sessions[-1]["start_step"] == 2            # Resumed from the older one.
   assert os.listdir(tmp_path / "checkpoints" / "corrupt")  # The bad one set aside.
 
 
-def test_when_every_checkpoint_is_corrupt_the_error_names_them(tmp_path):
-  _run(tmp_path, ["Experiment.checkpoint_every_epochs = 0.1"], max_steps=2)
+def test_when_every_checkpoint_is_corrupt_the_error_names_them(tmp_path, workdirs):
+  _copy(workdirs, "every_step_2", tmp_path)
   for index in _checkpoints(tmp_path):
     _truncate(index)
   with pytest.raises(UserError, match=r"Every checkpoint in .*checkpoints is unreadable: .*ckpt-2"):
     _run(tmp_path)
 
 
-def test_a_config_change_is_not_blamed_on_corruption(tmp_path):
-  _run(tmp_path, max_steps=1)
+def test_a_config_change_is_not_blamed_on_corruption(tmp_path, workdirs):
+  _copy(workdirs, "steps_2", tmp_path)
   with pytest.raises(UserError, match="does not match this config"):
     _run(tmp_path, ["small_resnet.widths = (4, 8, 16)"])
 
@@ -117,8 +139,8 @@ def test_a_config_change_is_not_blamed_on_corruption(tmp_path):
     ("result.json", b"\x89PNG garbage"),
     ("result.json", b"[1, 2, 3]"),
 ])
-def test_garbage_state_files_are_survived(tmp_path, name, content):
-  _run(tmp_path, max_steps=2)
+def test_garbage_state_files_are_survived(tmp_path, workdirs, name, content):
+  _copy(workdirs, "steps_2", tmp_path)
   with open(tmp_path / name, "wb") as f:
     f.write(content)
   assert _run(tmp_path, max_steps=3).final_step == 3
@@ -154,8 +176,8 @@ def test_plan_and_run_reject_the_same_bad_values(bindings, culprit, tmp_path):
   assert not (tmp_path / "run").exists()   # Nothing written, not even the directory.
 
 
-def test_a_user_error_in_an_existing_workdir_leaves_its_files_alone(tmp_path):
-  first = _run(tmp_path, max_steps=1)
+def test_a_user_error_in_an_existing_workdir_leaves_its_files_alone(tmp_path, workdirs):
+  first = results.read(str(_copy(workdirs, "steps_2", tmp_path)))
   before = sorted(os.listdir(tmp_path))
   with pytest.raises(UserError):
     _run(tmp_path, ["small_resnet.widths = (4, 8, 16)"])
