@@ -26,6 +26,7 @@ import functools
 import tensorflow as tf
 
 from replibench.engine import collectives
+from replibench.errors import UserError
 
 
 def compiled(fn, jit_compile: bool, what: str = "the workload's forward and backward pass"):
@@ -52,7 +53,12 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
   jitted = tf.function(piece, jit_compile=True)
 
   def call(*args, **kwargs):
-    outputs = jitted(*args, **kwargs)
+    try:
+      outputs = jitted(*args, **kwargs)
+    except RuntimeError as e:
+      if "merge_call" not in str(e):
+        raise
+      raise UserError(_synchronises(what)) from None
     # A function's outputs lose a sparse gradient's constant dense shape (an embedding's):
     # restored, so that regimes size it as before.
     flat = [t if shape is None else tf.IndexedSlices(t.values, t.indices,
@@ -61,6 +67,18 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
     return tf.nest.pack_sequence_as(outputs, flat)
 
   return call
+
+
+def _synchronises(what: str) -> str:
+  """Why a piece that reached tf.distribute's merge_call cannot be one XLA cluster."""
+  return (f"Experiment.jit_compile: {what} synchronises the replicas while it runs "
+          f"(tf.distribute's merge_call), which an XLA cluster cannot hold. The usual cause "
+          f"is a layer whose non-trainable variables are aggregated across replicas on every "
+          f"write: the models' default batch norm (models/layers.py MeanAggregatedBatchNorm, "
+          f"e.g. resnet50's and the SN-GAN's when no norm_layer is bound) updates its moving "
+          f"statistics that way. Bind the model's norm_layer to @engine.per_replica_batch_norm "
+          f"(its moving statistics are read-synchronised: no merge_call), or set "
+          f"Experiment.jit_compile = False.")
 
 
 def compile_updates(optimizer) -> None:
