@@ -14,7 +14,7 @@ import re
 import pytest
 
 from replibench import cli, rates
-from tests import helpers
+from tests import helpers, inprocess_cli
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 PREDICT = ["predict", f"--gin_file={CONFIG}", "--gin_bindings=Experiment.target = 0.9",
@@ -27,16 +27,9 @@ INTERNALS = re.compile(r"object at 0x|<class |<function |<ast\.|Traceback|In cal
 def run_cli(capsys, *args: str) -> str:
   """`replibench ARGS` in this process, from the repo root: its one-paragraph error
   (asserting exit 2, one line, no internals)."""
-  cwd = os.getcwd()
-  os.chdir(helpers.REPO)
-  try:
-    code = cli.main(cli.FLAGS(["replibench", *args]))
-  finally:
-    cli.FLAGS.unparse_flags()
-    os.chdir(cwd)
-  err = capsys.readouterr().err
-  lines = [line for line in err.splitlines() if "error:" in line]
-  assert code == 2 and len(lines) == 1, (code, err[-3000:])
+  run = inprocess_cli.cli(capsys, *args)
+  lines = [line for line in run.stderr.splitlines() if "error:" in line]
+  assert run.returncode == 2 and len(lines) == 1, (run.returncode, run.stderr[-3000:])
   assert not INTERNALS.search(lines[0]), lines[0]
   return lines[0]
 

@@ -184,13 +184,7 @@ def test_cli_bad_input_exits_2_with_one_paragraph(args, message):
 def _bench_sweep(path, sha, speed, seeds=(1, 2, 3), failed=()):
   """A finished bench sweep directory of the fake suite at commit sha (the seeds in
   `failed` failed)."""
-  fakes.write_manifest(str(path))
-  for config in ("replicas=1", "replicas=2"):
-    for seed in seeds:
-      fakes.write_result(os.path.join(path, config, f"seed={seed}"), seed, speed,
-                         1 + 0.01 * seed, git_sha=sha,
-                         status="failed" if seed in failed else "reached")
-  return str(path)
+  return fakes.write_bench_sweep(path, sha, speed, seeds, failed)
 
 
 def test_bench_compares_with_the_newest_history_entry_then_records(repo, tmp_path):

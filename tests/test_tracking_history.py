@@ -105,13 +105,7 @@ def test_the_page_says_when_seed_or_configuration_sets_differ(tmp_path):
 
 
 def _bench(path, sha, speed=1.0, seeds=(1, 2, 3), failed=(), sweep=fakes.SUITE.sweep):
-  fakes.write_manifest(str(path), sweep)
-  for config in ("replicas=1", "replicas=2"):
-    for seed in seeds:
-      fakes.write_result(os.path.join(path, config, f"seed={seed}"), seed, speed,
-                         1 + 0.01 * seed, git_sha=sha,
-                         status="failed" if seed in failed else "reached")
-  return str(path)
+  return fakes.write_bench_sweep(path, sha, speed, seeds, failed, sweep)
 
 
 def test_a_sweep_is_recorded_only_under_its_own_suite_and_never_its_failed_trials(repo,

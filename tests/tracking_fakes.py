@@ -131,3 +131,15 @@ class FakeRunner:
                    sigma=self.sigma)
     write_result(trial_dir, trial.seed, speed, noise)
     return 0
+
+
+def write_bench_sweep(path, sha: str, speed: float = 1.0, seeds=(1, 2, 3), failed=(),
+                      sweep: str = SUITE.sweep) -> str:
+  """A finished bench sweep directory of the fake suite (or `sweep`) at commit sha, its
+  seeds run on replicas=1 and replicas=2 (the seeds in `failed` failed); returns it."""
+  write_manifest(str(path), sweep)
+  for config in ("replicas=1", "replicas=2"):
+    for seed in seeds:
+      write_result(os.path.join(path, config, f"seed={seed}"), seed, speed, 1 + 0.01 * seed,
+                   git_sha=sha, status="failed" if seed in failed else "reached")
+  return str(path)
