@@ -3,7 +3,10 @@
 #
 #   make bench            every workload's CPU-scale suite (17-25 min on a 2-core AVX-512 EPYC, 12-13 on the Zen 5 EPYC): sweep,
 #                         report in results/latest/<workload>/, comparison with the
-#                         committed results/<workload>/baseline.json (exit 1 on a regression)
+#                         committed results/<workload>/baseline.json (exit 1 on a regression);
+#                         those times predate D4PG's time-to-return suite (244 s alone on the
+#                         Zen 4, 2026-11-27, against ~128 s for the old one): the whole bench
+#                         was not re-timed
 #   make bench-smoke      the same at tiny scale (a few minutes), against smoke_baseline.json
 #   make bench-resnet     one workload's suite (also bench-sngan, bench-d4pg)
 #   make bench-accept     make the latest suite results the committed baselines
