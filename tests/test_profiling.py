@@ -10,7 +10,7 @@ import pytest
 from replibench import inputs, results
 from replibench.config import load_experiment
 from replibench.errors import UserError
-from replibench.harness import profiling
+from replibench.harness import profiling, step_split
 from replibench.harness.loop import run_experiment
 from tests import helpers
 
@@ -82,6 +82,9 @@ def test_a_few_step_cpu_run_writes_a_profile_tensorboard_reads(tmp_path):
   kinds = " ".join(r["name"] for rows in found["tf_op_types"].values() for r in rows)
   assert "Conv2D" in kinds, kinds
   assert "| # | name |" in profiling.format_top_ops(found, calls=2)
+  # One replica exchanges nothing (tests/test_step_split.py: two do).
+  calls = step_split.split_trace(step_split.trace_events(files))
+  assert [c.step_num for c in calls] == [2, 3] and all(c.exchange_ms == 0 for c in calls)
 
 
 @pytest.mark.parametrize("flags,culprit", [
