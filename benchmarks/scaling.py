@@ -260,6 +260,32 @@ def summarize_workers(w: Workload, runs: dict[str, list[dict]], counts: list[int
   return lines
 
 
+TABLE_HEAD = ["| workload | workers | strong | of N | strong ceiling | of it | weak | of N | "
+              "weak ceiling | of it |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def worker_table(w: Workload, runs: dict[str, list[dict]], counts: list[int]) -> list[str]:
+  """summarize_workers' figures as markdown rows under TABLE_HEAD (results/scaling/
+  README.md's table): each N's speed-up over one worker, its efficiency against N, the
+  machine's ceiling (N independent pinned one-worker runs at once, over one alone; at
+  batch/N for strong scaling, with --strong_ceilings) and the share of it reached;
+  '-' where the run did not measure a figure."""
+  eps = {label: _median(rs, lambda r: r.get("examples_per_s")) for label, rs in runs.items()}
+  one, rows = eps["workers=1"], []
+  for n in counts[1:]:
+    cells = []
+    for label, factor in ((f"workers={n}", 1 / n), (f"workers={n} (weak, {n}x batch)", 1)):
+      speedup = eps[label] / one if eps.get(label) else None
+      ceiling = eps.get(ceiling_label(n, factor))
+      ceiling = ceiling / one if ceiling else None
+      cells += ["-" if speedup is None else f"{speedup:.2f}x",
+                "-" if speedup is None else f"{speedup / n:.0%}",
+                "-" if ceiling is None else f"{ceiling:.2f}x",
+                "-" if None in (speedup, ceiling) else f"{speedup / ceiling:.0%}"]
+    rows.append(f"| {w.name} | {n} | " + " | ".join(cells) + " |")
+  return rows
+
+
 def _comm_kinds(comm: dict) -> str:
   kinds = comm.get("by_kind") or {}
   return ", ".join(f"{k} {v['count']:g} x {v['bytes']:,.0f} B" for k, v in kinds.items())
@@ -284,6 +310,7 @@ def main():
     raise SystemExit("--worker_counts must start with 1 (the reference)")
   chosen = worker_setups(counts, args.strong_ceilings) if counts else [
       s for s in setups() if not args.setups or s.label in args.setups.split(",")]
+  table = []
   for name in args.workloads.split(","):
     w = WORKLOADS[name]
     w = dataclasses.replace(w, bindings=(*w.bindings, *args.gin_bindings))
@@ -304,8 +331,12 @@ def main():
     try:
       print("\n".join(summarize_workers(w, runs, counts) if counts else summarize(w, runs)),
             flush=True)
+      table += worker_table(w, runs, counts) if counts else []
     except KeyError:   # A subset of setups: no ratios.
       pass
+  if table:
+    print("\n".join(["", f"workers of {args.cpus_per_worker} core(s), {args.rounds} round(s), "
+                      f"medians; 'of it': the speed-up over the ceiling", *TABLE_HEAD, *table]))
 
 
 if __name__ == "__main__":
