@@ -13,8 +13,13 @@
 #   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
 #   make bench-engine     engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
+#                         (66 runs; SCALING_ARGS="--worker_counts=1,2 --strong_ceilings" runs
+#                         only the workers and their ceilings, 30 runs, and prints
+#                         results/scaling/README.md's table)
 #   make bench-overlap    2 workers on an emulated link (unlimited, 10 Gbit, 1 Gbit, 100 Mbit),
-#                         with and without gradient buckets (root: tc; ~8 min)
+#                         with and without gradient buckets (root: tc; ~8 min);
+#                         OVERLAP_ARGS=--profile adds worker 0's profiled split of the step
+#                         into compute, exchange and waiting (10 more steps a trial; not timed)
 #   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
 #                         (SUITE=resnet for one; HEAD=REV for another head; AA=1 for an A/A of
 #                         one commit; RECORD=1 appends its trials to the history; exit 1 on a
@@ -183,12 +188,13 @@ bench-engine: install
 
 # The distributed path's scaling, every workload, from one run (issue-12 goals).
 bench-scaling: install data
-	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/scaling.py $(SCALING_ARGS)
 
 # Gradient buckets (regimes.Sync.bucket_bytes) against the link's rate, 2 workers (issue 42):
-# results/scaling/overlap-resnet.{txt,json}.
+# results/scaling/overlap-resnet.{txt,json} (with OVERLAP_ARGS=--profile:
+# overlap-resnet-profile.{txt,json}, the traces in runs/overlap-profiles/<time>/).
 bench-overlap: install data
-	$(PY) benchmarks/overlap.py
+	$(PY) benchmarks/overlap.py $(OVERLAP_ARGS)
 
 # The accelerator run's phases with this venv's Python (the ordinary path; the lent
 # machine without a package index carries a bundle instead: tools/accelerator/run.sh plan).

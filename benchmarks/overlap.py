@@ -118,7 +118,7 @@ def table(trials: dict, rates: list[str], buckets: list[int]) -> list[str]:
           f"{'exch share':>10s}")
   if profiled:
     head += (f" | {'traced ms':>9s} {'compute':>8s} {'exchange':>8s} {'wait':>7s} "
-             f"{'hidden':>7s} {'exch share':>10s}")
+             f"{'hidden':>7s} {'exch/trace':>10s}")
   lines = [head]
   for rate in rates:
     for bucket in buckets:
