@@ -64,9 +64,15 @@ class CallSplit:
 
 
 def trace_events(xplane_paths: list[str]) -> dict:
-  """The trace's events as Trace Viewer gets them ({'traceEvents': [...], ...})."""
+  """The trace's events as Trace Viewer gets them ({'traceEvents': [...], ...}), every
+  one: ValueError if the converter thinned them out (it may, by visibility at a
+  resolution, for a browser; unasked, it returns all)."""
   from replibench import internals  # pylint: disable=import-outside-toplevel
-  return json.loads(internals.profile_tool_data(xplane_paths, "trace_viewer@"))
+  trace = json.loads(internals.profile_tool_data(xplane_paths, "trace_viewer@"))
+  if trace.get("filteredByVisibility"):
+    raise ValueError(f"the trace viewer converter left events out of {xplane_paths}: "
+                     f"a split of what remains would be wrong")
+  return trace
 
 
 def split_trace(trace: dict, steps_per_call: int = 1) -> list[CallSplit]:
