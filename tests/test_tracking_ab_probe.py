@@ -171,3 +171,14 @@ def test_probe_noise_names_the_estimator_with_the_lowest_paired_noise():
   assert "within the sd's uncertainty" not in line
   best, line = script.choose({**noise, "median": {"sd": 0.021, "n": 24}}, judged="trimmed")
   assert best == "trimmed" and "already names it" in line and "within the sd's" in line
+
+
+def test_the_probe_row_calls_a_loss_below_the_trials_minimum_effect(repo):
+  """The probe's minimum effect is probe.MIN_EFFECT (3%), the trials' 5%: a 4% loss is
+  called by the probe's row and by no trial row."""
+  good = fakes.git(repo, "rev-parse", "HEAD")
+  fakes.commit(repo, "4% slower", speed=0.96)
+  outcome, _ = _ab(repo, good, "HEAD")
+  assert probe.MIN_EFFECT == 0.03
+  assert _rows(outcome, probe.JUDGED)[0].verdict == paired.REGRESSION
+  assert _rows(outcome, "time_to_target_s")[0].verdict != paired.REGRESSION
