@@ -182,3 +182,15 @@ def test_the_probe_row_calls_a_loss_below_the_trials_minimum_effect(repo):
   assert probe.MIN_EFFECT == 0.03
   assert _rows(outcome, probe.JUDGED)[0].verdict == paired.REGRESSION
   assert _rows(outcome, "time_to_target_s")[0].verdict != paired.REGRESSION
+
+
+@pytest.mark.parametrize("args, said", [
+    (["ab", "--base=HEAD~1", "--head=HEAD", "--suite=resnet", "--probe_processes=1"],
+     "--probe_processes=1: the throughput probe needs at least 2 processes"),
+    (["bisect", "--good=HEAD~1", "--bad=HEAD", "--suite=resnet", "--metric=examples_per_s",
+      "--probe_processes=4"], "--probe_processes not used by this command"),
+])
+def test_the_cli_refuses_a_bad_probe_flag_before_anything_runs(capsys, args, said):
+  from tests import inprocess_cli
+  done = inprocess_cli.cli(capsys, *args)
+  assert done.returncode == 2 and said in done.stderr + done.stdout
