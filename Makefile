@@ -22,7 +22,8 @@
 #                         into compute, exchange and waiting (10 more steps a trial; not timed)
 #   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
 #                         (SUITE=resnet for one; HEAD=REV for another head; AA=1 for an A/A of
-#                         one commit; RECORD=1 appends its trials to the history; exit 1 on a
+#                         one commit; RECORD=1 appends its trials to the history; PROBE=K
+#                         throughput-probe processes a side, 0 for none; exit 1 on a
 #                         regression or a failed trial, 2 on bad input before anything runs)
 #   make history          the results history's HTML dashboard with change points (runs/history/)
 #   make bench-throughput the full-size models on synthetic data: images/s per device,
@@ -175,7 +176,7 @@ bench-accept:
 SUITE ?= all
 bench-ab: install data
 	$(RB) ab --suite=$(SUITE) $(if $(BASE),--base=$(BASE)) $(if $(HEAD),--head=$(HEAD)) \
-	  $(if $(AA),--aa) $(if $(RECORD),--record)
+	  $(if $(AA),--aa) $(if $(RECORD),--record) $(if $(PROBE),--probe_processes=$(PROBE))
 
 history: install
 	$(RB) history --out=$(WORKDIR)/history

@@ -52,12 +52,41 @@ def spreads(workdir: str, design: probe.Design) -> dict:
           "processes": len(within)}
 
 
+def sd_uncertainty(sd: float, n: int) -> float:
+  """Approximate standard error of a residual sd over n pairs (normal errors,
+  n - 2 degrees of freedom with the order modelled): sd / sqrt(2 (n - 2))."""
+  return sd / math.sqrt(2 * max(n - 2, 1))
+
+
+def choose(noise: dict[str, dict], judged: str = probe.JUDGED) -> tuple[str, str]:
+  """(the estimator with the lowest paired noise, the sentence that says what to do):
+  only the probe's estimators compete ('run', the trial's own, is for comparison)."""
+  ranked = sorted(((v["sd"], name) for name, v in noise.items()
+                   if name in probe.ESTIMATORS and v.get("sd") is not None))
+  if not ranked:
+    return judged, "no estimator had two pairs with values: nothing to choose"
+  (best_sd, best), rest = ranked[0], ranked[1:]
+  n = noise[best]["n"]
+  margin = ""
+  if rest:
+    second_sd, second = rest[0]
+    close = second_sd - best_sd < sd_uncertainty(best_sd, n)
+    margin = (f"; {second} next at {second_sd:.4f}" + (
+        f", within the sd's uncertainty (+-{sd_uncertainty(best_sd, n):.4f}): "
+        f"more runs would separate them" if close else ""))
+  action = ("probe.JUDGED already names it" if best == judged else
+            f"set JUDGED = \"{best}\" in replibench/tracking/probe.py (now \"{judged}\")")
+  return best, (f"lowest paired noise: {best} (sd {best_sd:.4f} over {n} pairs{margin}): "
+                f"{action}, and record this table in results/tracking/README.md")
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--suite", default="resnet")
   parser.add_argument("--base", default="HEAD")
   parser.add_argument("--head", default="HEAD")
-  parser.add_argument("--configs", default=None, help="comma-separated (default: the suite's)")
+  parser.add_argument("--configs", default=None, help="comma-separated (default: the suite's "
+                      "probe configurations, suites.py)")
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--processes", type=int, default=6)
   parser.add_argument("--steps", type=int, default=300)
@@ -69,7 +98,8 @@ def main() -> int:
   base = revisions.resolve(repo, args.base, "--base")
   head = revisions.resolve(repo, args.head, "--head")
   suite = suites.parse(args.suite)[0]
-  design = probe.Design(args.processes, args.steps, args.window_steps, args.warmup_windows)
+  design = probe.Design(args.processes, args.steps, args.window_steps, args.warmup_windows,
+                        configs=suite.probe.configs if suite.probe else None)
   options = ab.Options(configs=tuple(args.configs.split(",")) if args.configs else None)
   sides = ab.prepare_sides(repo, base, head)
   pairs, per_run = [], []
@@ -86,18 +116,22 @@ def main() -> int:
   pooled = probe.judge(pairs, design)
   print(f"\n{suite.name}, {base.short} vs {head.short}, {len(pairs)} pairs over {args.runs} "
         f"run(s); design {dataclasses.asdict(design)}")
-  print(f"{'estimator':10s} {'pairs':>5s} {'paired sd':>10s} {'ratio':>7s}  model   what")
+  print("| estimator | pairs | paired sd | +- | ratio | model | what |\n" + "|---" * 7 + "|")
   ranked = sorted(pooled.noise.items(), key=lambda kv: kv[1]["sd"] or math.inf)
   for name, v in ranked:
-    what = probe.ESTIMATORS[name][0] if name in probe.ESTIMATORS else "the trial's own"
+    what = (probe.ESTIMATORS[name][0] if name in probe.ESTIMATORS
+            else "the process's own examples/s (for comparison)")
     sd = f"{v['sd']:.4f}" if v["sd"] is not None else "-"
+    pm = f"{sd_uncertainty(v['sd'], v['n']):.4f}" if v["sd"] is not None else "-"
     ratio = f"{v['ratio']:.3f}" if v["ratio"] is not None else "-"
-    print(f"{name:10s} {v['n']:5d} {sd:>10s} {ratio:>7s}  {v['model'] or '-':7s} {what}")
-  print(f"lowest paired noise: {ranked[0][0]} (probe.JUDGED is {probe.JUDGED})")
+    print(f"| {name} | {v['n']} | {sd} | {pm} | {ratio} | {v['model'] or '-'} | {what} |")
+  best, sentence = choose(pooled.noise)
+  print(sentence)
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "probe_noise.json"), "w") as f:
     json.dump({"design": dataclasses.asdict(design), "base": base.sha, "head": head.sha,
-               "runs": per_run, "pooled": pooled.noise,
+               "runs": per_run, "pooled": pooled.noise, "lowest": best,
+               "judged": probe.JUDGED,
                "pairs": [dataclasses.asdict(p) for p in pairs]}, f, indent=1)
   return 0
 

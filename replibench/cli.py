@@ -75,6 +75,9 @@ flags.DEFINE_list("metric", [], "ab: the metrics to judge (default: the sweep fi
 flags.DEFINE_boolean("record", False, "ab: also append the trials that ran to a result to "
                      "the results history (results/history/, or $REPLIBENCH_HISTORY); an "
                      "A/B's sides stay out of it unless asked.")
+flags.DEFINE_integer("probe_processes", None, "ab: throughput-probe processes per side and "
+                     "configuration (default: the suite's design, replibench/tracking/"
+                     "suites.py; 0: no probe).")
 flags.DEFINE_boolean("aa", False, "ab: an A/A run, the same commit on both sides (measures "
                      "the machine's noise); without it base and head must differ.")
 flags.DEFINE_string("good", None, "bisect: a revision where the metric is as it was.")
@@ -257,7 +260,8 @@ def _tracking_options(metrics=None):
       rounds=FLAGS.rounds, seeds=seeds,
       configs=tuple(FLAGS.configs) if FLAGS.configs else None,
       bindings=tuple(FLAGS.gin_bindings), metrics=metrics,
-      min_effects=commands.parse_min_effects(FLAGS.min_effect))
+      min_effects=commands.parse_min_effects(FLAGS.min_effect),
+      probe_processes=FLAGS.probe_processes)
   commands.check_options(options)
   return options
 

@@ -62,14 +62,15 @@ COMMANDS = {
         "replibench compare runs/scaling --baseline=results/resnet/baseline.json"),
     "ab": Command(
         "A/B two revisions on this machine: both sides' suite trials interleaved (ABBA), "
+        "and a suite's throughput probe (short processes, steady windows) likewise, "
         "judged from paired ratios with confidence intervals; every input checked before "
         "anything is checked out; exit 1 on a regression, a failed trial or a suite with no "
         "pair to judge.",
         "replibench ab --base=REV [--head=REV] --suite=resnet|sngan|d4pg|all [--rounds=K] "
         "[--seeds=K] [--configs=a,b] [--metric=m,...] [--min_effect=metric=fraction,...] "
-        "[--workdir=DIR] [--record] [--aa]",
+        "[--probe_processes=K] [--workdir=DIR] [--record] [--aa]",
         ("base", "head", "suite", "rounds", "seeds", "first_seed", "configs", "metric",
-         "min_effect", "gin_bindings", "workdir", "record", "aa"),
+         "min_effect", "gin_bindings", "probe_processes", "workdir", "record", "aa"),
         "replibench ab --base=main --suite=resnet"),
     "bisect": Command(
         "Find the first commit between --good and --bad that moved a metric, by A/B runs "

@@ -12,6 +12,8 @@ code's effect and little of the machine's; verdicts come from the paired ratios
 Layout of an A/B directory (--workdir, default runs/ab/<time>-<base>-<head>/):
   ab.json, report.md                 the outcome (written at the end)
   <suite>/<base|head>/<config>/seed=<s>/round=<r>/   each trial's run directory
+  probe/<suite>/<base|head>/<config>/seed=<s>/round=<r>/   the throughput probe's
+                                     processes (a suite whose design has one: probe.py)
 An A/B run again on the same directory skips the trials that already finished.
 
 Every input is checked before anything is checked out or written (validate.py).
@@ -51,6 +53,7 @@ class Options:
   bindings: tuple[str, ...] = ()      # gin bindings added to every trial on both sides
   metrics: tuple[str, ...] | None = None  # None: the head sweep file's judge list
   min_effects: dict = dataclasses.field(default_factory=dict)
+  probe_processes: int | None = None  # None: the suite's probe design; 0: no probe
 
 
 @dataclasses.dataclass
@@ -67,6 +70,7 @@ class SuiteAB:
   only_head: list[str]
   seconds: float
   failed: list[str] = dataclasses.field(default_factory=list)   # 'side trial round=r: dir'
+  probe: dict | None = None   # the throughput probe's design, noise, time (probe.attach)
 
   @property
   def regressions(self) -> list[verdicts.Row]:
@@ -129,8 +133,12 @@ def design(suite: Suite, options: Options) -> tuple[tuple | None, tuple | None, 
   return configs, seeds, options.rounds or suite.rounds
 
 
-def _trials(side: SideSpec, suite: Suite, options: Options) -> tuple[sweep_file.Sweep, dict]:
+def trials_of(side: SideSpec, suite: Suite, options: Options) -> tuple[sweep_file.Sweep, dict]:
+  """The suite's trials as this A/B runs them at the side's checkout ({name: trial})."""
   return validate.trials_at(side.env.code, suite, options, side.label, side.rev)
+
+
+_trials = trials_of
 
 
 def _judged(sweep: sweep_file.Sweep, options: Options) -> list[str]:

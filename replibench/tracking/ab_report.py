@@ -63,9 +63,26 @@ def problems(abs_: Sequence[SuiteAB]) -> list[str]:
 def _notes(ab: SuiteAB) -> list[str]:
   lines = [f"{ab.suite}: {len(ab.pairs)} pairs ({ab.rounds} round(s), ABBA), "
            f"{ab.seconds / 60:.1f} min; judged: {', '.join(ab.judged)}"]
+  if ab.probe:
+    lines.append(_probe_note(ab.suite, ab.probe))
   lines += [f"{ab.suite}: only at base (not run): {n}" for n in ab.only_base]
   lines += [f"{ab.suite}: only at head (not run): {n}" for n in ab.only_head]
   return lines
+
+
+def _probe_note(suite: str, summary: dict) -> str:
+  """One line on the throughput probe: its design, time and each estimator's paired
+  noise (the residual sd of log head/base, order modelled), the judged one first."""
+  d = summary["design"]
+  configs = ", ".join(d["configs"]) if d.get("configs") else "the A/B's configurations"
+  noise = summary["noise"]
+  names = [summary["judged"], *(n for n in noise if n != summary["judged"])]
+  sds = "; ".join(f"{n} {noise[n]['sd']:.3f}" for n in names
+                  if n in noise and noise[n]["sd"] is not None)
+  return (f"{suite}: throughput probe: {summary['pairs']} pairs ({d['processes']} processes a "
+          f"side of {configs}, {d['steps']} steps in windows of {d['window_steps']}, "
+          f"{d['warmup_windows']} of warm-up left out), {summary['seconds'] / 60:.1f} min; "
+          f"judged on the {summary['judged']} (probe.JUDGED); paired noise {sds or '-'}")
 
 
 def format_text(abs_: Sequence[SuiteAB], sides: Sequence[SideSpec], machine: str) -> str:

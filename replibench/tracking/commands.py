@@ -14,7 +14,7 @@ from replibench.suite import comparison as compare_lib
 from replibench.suite import report as report_lib
 from replibench.suite import results as suite_results
 from replibench.tracking import ab as ab_lib
-from replibench.tracking import ab_report, dashboard, machine, record, revisions, store
+from replibench.tracking import ab_report, dashboard, machine, probe, record, revisions, store
 from replibench.tracking import suites, validate, verdicts
 from replibench.tracking import workdir as workdir_lib
 
@@ -70,6 +70,39 @@ def check_options(options: ab_lib.Options) -> None:
     raise UserError(f"--rounds={options.rounds}: need at least one round.")
   if options.seeds is not None and not options.seeds:
     raise UserError("--seeds: need at least one seed.")
+  if options.probe_processes is not None and options.probe_processes not in range(0, 1001) \
+      or options.probe_processes == 1:
+    raise UserError(f"--probe_processes={options.probe_processes}: the throughput probe "
+                    f"needs at least 2 processes a side to pair (0 turns it off).")
+
+
+def check_probes(suite_list: Sequence[suites.Suite], sides, options: ab_lib.Options) -> None:
+  """Each suite's probe configurations exist at both revisions (a UserError naming them,
+  before the A/B's plan is written)."""
+  for suite in suite_list:
+    design = probe.design_of(suite, options)
+    if design is not None:
+      for side in sides:
+        try:
+          ab_lib.trials_of(side, suite, design.options(options))
+        except UserError as e:
+          raise UserError(f"the throughput probe of suite {suite.name} (suites.py): "
+                          f"{e}") from None
+
+
+def run_suite_and_probe(suite: suites.Suite, sides, workdir: str, options: ab_lib.Options,
+                        runner: ab_lib.Runner, probe_runner: ab_lib.Runner | None,
+                        log=print) -> tuple[ab_lib.SuiteAB, list]:
+  """One suite's time-to-target pairs, then its throughput probe where its design has
+  one (probe.py), the probe's row joined to the suite's family."""
+  ab, kept = ab_lib.run_suite(suite, sides, workdir, options, runner, log)
+  design = probe.design_of(suite, options)
+  if design is None:
+    return ab, kept
+  family = probe.family_size(probe.main_judged(ab, options))
+  outcome = probe.run(suite, sides, workdir, options, design,
+                      probe_runner, log, family=family)
+  return probe.attach(ab, outcome, design, options), kept
 
 
 def run_ab(base: revisions.Revision, head: revisions.Revision,
@@ -77,13 +110,15 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
            workdir: str | None = None, history: bool = False,
            runner: ab_lib.Runner = ab_lib.subprocess_runner,
            validator: validate.Validator = validate.subprocess_validator,
-           log=print) -> tuple[list[ab_lib.SuiteAB], str]:
+           log=print, probe_runner: ab_lib.Runner | None = None
+           ) -> tuple[list[ab_lib.SuiteAB], str]:
   """Runs the A/B of every suite; returns the suites' outcomes and the text report.
 
   Every input is checked first (options, workdir, the history store when recording,
   both revisions: validate.py); only then is anything checked out or written.
   history: append the trials that ran to a result to the history (asked for with
   --record: an A/B's sides are not the main line's series by default).
+  probe_runner: runs the throughput probe's processes (default probe.runner).
   """
   check_options(options)
   given = workdir is not None
@@ -100,6 +135,7 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
   # environment existed, they are compiled here), then the plan: a refusal here still
   # leaves no plan to block the corrected retry.
   sides = ab_lib.prepare_sides(repo, base, head, suite_list, options, deferred, validator, log)
+  check_probes(suite_list, sides, options)
   claim_workdir(workdir, plan)
   if base.sha == head.sha:
     log(f"A/A: base and head are the same commit {base.short}; any verdict is noise.")
@@ -107,7 +143,7 @@ def run_ab(base: revisions.Revision, head: revisions.Revision,
   fingerprint = machine.fingerprint(info)
   outcomes = []
   for suite in suite_list:
-    ab, kept = ab_lib.run_suite(suite, sides, workdir, options, runner, log)
+    ab, kept = run_suite_and_probe(suite, sides, workdir, options, runner, probe_runner, log)
     outcomes.append(ab)
     if history:
       records = record.from_ab(kept, suite.name, os.path.basename(workdir))

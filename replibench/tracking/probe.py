@@ -12,6 +12,8 @@ warm-up. Each process is a `replibench run` of the suite's trial with
   Experiment.log_every_steps = window     the windows result.json records
   Experiment.eval_every_epochs, checkpoint_every_epochs = 1000   (no evaluation or
                                           checkpoint inside the windows)
+  Experiment.train_epochs = 1000          (a budget beyond --max_steps: a short
+                                          recipe's own budget would end the run first)
 
 and result.json's `windows` ([steps, wall s, process CPU s] each) feed every
 estimator below; the pairs of an estimator are judged like any row of the A/B
@@ -19,6 +21,12 @@ estimator below; the pairs of an estimator are judged like any row of the A/B
 family's level). Only JUDGED decides; the others are reported with their paired
 noise so that the choice stays a measurement (benchmarks/probe_noise.py measures
 each estimator's paired noise on A/A runs; results/tracking/README.md).
+
+In `replibench ab` (commands.run_ab) a suite whose design has a probe
+(suites.Suite.probe) runs it after its time-to-target pairs; `attach` puts the
+probe's row into the suite's outcome, one more row of the suite's family (the
+levels are Bonferroni over the rows judged together), instead of the trials' own
+examples/s row, and names a failed probe process as a failed trial (exit 1).
 """
 
 import dataclasses
@@ -32,9 +40,9 @@ from replibench import processes
 from replibench.suite import sweep as sweep_lib
 from replibench.suite.sweep_file import Trial
 from replibench.tracking import ab as ab_lib
-from replibench.tracking import paired, verdicts
+from replibench.tracking import paired, suites, verdicts
 
-WINDOW_STEPS, LOG_FILE = 20, "trial.log"
+WINDOW_STEPS, LOG_FILE = suites.ProbeDesign.window_steps, "trial.log"
 
 
 def _rate(windows: np.ndarray, batch: int) -> np.ndarray:
@@ -63,38 +71,57 @@ ESTIMATORS: dict[str, tuple[str, Callable[[np.ndarray, int], float]]] = {
             lambda w, b: float(w[:, 0].sum() * b / w[:, 2].sum()) if w[:, 2].sum() > 0
             else float("nan")),
 }
-# Until benchmarks/probe_noise.py has measured the estimators' paired noise on a quiet
-# machine (results/tracking/README.md), the median: robust to one disturbed window.
+# THE estimator the A/B judges (the one place it is set: every A/B, probe_noise.py's
+# report, the README's table read it from here). The one with the lowest paired noise
+# as benchmarks/probe_noise.py measures it on a quiet machine (its last line says which;
+# results/tracking/README.md, "The throughput probe", records the table). Until that
+# measurement, the median: robust to one disturbed window.
 JUDGED = "median"
+# The probe row's minimum effect (--min_effect=examples_per_s=F overrides it): 3%, not
+# the trials' 5%, so that a true 5% loss can be called (with a 5% minimum a true 5% is
+# estimated below 0.95 only about half the time, whatever the noise). At the issue's
+# paired noise of 0.03, 8 pairs call a true 5% in 84% of simulated A/B runs and a true
+# 10% in all, A/A alarms 0.1% (tracking_budget.py --rows=4 --min_effect=0.03;
+# results/tracking/README.md).
+MIN_EFFECT = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
-class Design:
-  """What the probe runs: processes per side for each configuration, each training
-  `steps` steps in windows of window_steps, the first warmup_windows left out."""
-  processes: int = 4
-  steps: int = 300
-  window_steps: int = WINDOW_STEPS
-  warmup_windows: int = 3
-  seed: int = 1
+class Design(suites.ProbeDesign):
+  """What the probe runs (suites.ProbeDesign: processes per side for each
+  configuration, each training `steps` steps in windows of window_steps, the first
+  warmup_windows left out) and the estimator it judges (JUDGED)."""
   judged: str = JUDGED
 
   def check(self) -> None:
-    steady = self.steps // self.window_steps - self.warmup_windows
-    if self.processes < 2 or steady < 2 or self.judged not in ESTIMATORS:
-      raise ValueError(f"probe design {self}: needs >= 2 processes, >= 2 steady windows "
-                       f"(steps // window_steps - warmup_windows) and an estimator of "
+    super().check()
+    if self.judged not in ESTIMATORS:
+      raise ValueError(f"probe design {self}: the estimator {self.judged!r} is none of "
                        f"{sorted(ESTIMATORS)}")
 
   def bindings(self) -> tuple[str, ...]:
     return (f"Experiment.log_every_steps = {self.window_steps}",
-            "Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epochs = 1000")
+            "Experiment.eval_every_epochs = 1000", "Experiment.checkpoint_every_epochs = 1000",
+            "Experiment.train_epochs = 1000")
 
   def options(self, options: ab_lib.Options) -> ab_lib.Options:
-    """The A/B options that run this probe: one seed, `processes` rounds."""
+    """The A/B options that run this probe: one seed, `processes` rounds, the probe's
+    configurations unless the A/B's --configs names others."""
+    configs = options.configs if options.configs is not None else self.configs
     return dataclasses.replace(options, bindings=(*options.bindings, *self.bindings()),
-                               seeds=(self.seed,), rounds=self.processes,
+                               seeds=(self.seed,), rounds=self.processes, configs=configs,
                                metrics=("examples_per_s",))
+
+
+def design_of(suite: suites.Suite, options: ab_lib.Options) -> Design | None:
+  """The probe an A/B of this suite runs: the suite's (suites.py), with
+  --probe_processes's count where given; None when it has none or 0 is given."""
+  if suite.probe is None or options.probe_processes == 0:
+    return None
+  design = Design(**dataclasses.asdict(suite.probe), judged=JUDGED)   # read now: one place
+  if options.probe_processes is not None:
+    design = dataclasses.replace(design, processes=options.probe_processes)
+  return design
 
 
 def steady(windows: Sequence[Sequence[float]], warmup: int) -> np.ndarray:
@@ -130,16 +157,26 @@ class ProbeOutcome:
   rows: list[verdicts.Row]        # the judged estimator: pooled, then per configuration
   noise: dict[str, dict]          # estimator -> {'sd': residual sd of log(head/base), 'n'}
   pairs: list[verdicts.Pair]
+  failed: list[str] = dataclasses.field(default_factory=list)   # as SuiteAB.failed
+  seconds: float = 0.0
+
+  def summary(self, design: Design) -> dict:
+    """What ab.json keeps of the probe: its design, pairs, time and every estimator's
+    paired noise (the pairs themselves are in the probe's trial directories)."""
+    return {"design": dataclasses.asdict(design), "judged": design.judged,
+            "pairs": len(self.pairs), "seconds": round(self.seconds, 1),
+            "noise": self.noise, "failed": list(self.failed)}
 
 
 def judge(pairs: Sequence[verdicts.Pair], design: Design, min_effect: float = 0.05,
-          family_level: float = paired.LEVEL) -> ProbeOutcome:
-  """Rows for the judged estimator (its own 5% family: pooled, and per configuration)
-  and every estimator's paired noise over these pairs (the order modelled)."""
+          family_level: float = paired.LEVEL, family: int = 1) -> ProbeOutcome:
+  """Rows for the judged estimator (pooled, and per configuration), at the levels of a
+  family of `family` rows (the probe alone: 1; in an A/B, the suite's judged rows and
+  the probe's), and every estimator's paired noise over these pairs (order modelled)."""
   configs = list(dict.fromkeys(p.config for p in pairs))
   label = f"examples/s (probe, {design.judged})"
-  suite_level = family_level
-  config_level = paired.bonferroni(family_level, len(configs))
+  suite_level = paired.bonferroni(family_level, family)
+  config_level = paired.bonferroni(family_level, family * len(configs))
   rows = []
   if len(configs) > 1:
     rows.append(verdicts.metric_row(verdicts.ALL_CONFIGS, design.judged, pairs, False,
@@ -150,7 +187,7 @@ def judge(pairs: Sequence[verdicts.Pair], design: Design, min_effect: float = 0.
   noise = {}
   for name in ("run", *ESTIMATORS):
     row = verdicts.metric_row(verdicts.ALL_CONFIGS, name, pairs, False, min_effect,
-                              suite_level, name)
+                              paired.LEVEL, name)
     noise[name] = {"sd": row.estimate.sd if row.estimate else None,
                    "n": row.estimate.n if row.estimate else 0,
                    "ratio": row.estimate.ratio if row.estimate else None,
@@ -174,11 +211,42 @@ def runner(steps: int) -> ab_lib.Runner:
 
 
 def run(suite, sides, workdir: str, options: ab_lib.Options, design: Design,
-        trial_runner: ab_lib.Runner | None = None, log=print) -> ProbeOutcome:
-  """Runs the probe's processes (ab.run_suite with the probe's options) and judges them."""
+        trial_runner: ab_lib.Runner | None = None, log=print,
+        family: int = 1) -> ProbeOutcome:
+  """Runs the probe's processes (ab.run_suite with the probe's options, under
+  workdir/probe/) and judges them; a process that failed is named in `failed`."""
   design.check()
-  _, kept = ab_lib.run_suite(suite, sides, os.path.join(workdir, "probe"),
-                             design.options(options), trial_runner or runner(design.steps),
-                             log)
-  return judge(probe_pairs(kept, design), design,
-               options.min_effects.get("examples_per_s", 0.05))
+  ab, kept = ab_lib.run_suite(suite, sides, os.path.join(workdir, "probe"),
+                              design.options(options), trial_runner or runner(design.steps),
+                              lambda line: log(f"probe: {line}"))
+  outcome = judge(probe_pairs(kept, design), design,
+                  options.min_effects.get("examples_per_s", MIN_EFFECT), family=family)
+  outcome.failed = [f"probe {name}" for name in ab.failed]
+  outcome.seconds = ab.seconds
+  return outcome
+
+
+def main_judged(ab: ab_lib.SuiteAB, options: ab_lib.Options) -> list[str]:
+  """The time-to-target trials' judged metrics beside a probe: their own examples/s
+  leaves (the probe's row replaces it) unless --metric named it."""
+  if options.metrics is not None:
+    return list(ab.judged)
+  return [m for m in ab.judged if m != "examples_per_s"]
+
+
+def family_size(judged: Sequence[str]) -> int:
+  """Rows judged together for a suite: its metrics (and reaching the target), + the probe."""
+  return sum(m == "converged" or m in verdicts.METRICS for m in judged) + 1
+
+
+def attach(ab: ab_lib.SuiteAB, outcome: ProbeOutcome, design: Design,
+           options: ab_lib.Options) -> ab_lib.SuiteAB:
+  """The suite's outcome with the probe in it: its rows re-judged in a family that
+  counts the probe's row, the probe's rows after them, its failures and time added."""
+  judged = main_judged(ab, options)
+  rows = verdicts.rows(ab.pairs, judged, ab.higher_is_better, options.min_effects,
+                       extra_rows=1)
+  return dataclasses.replace(
+      ab, judged=[*judged, f"examples_per_s (probe, {design.judged})"],
+      rows=rows + outcome.rows, failed=[*ab.failed, *outcome.failed],
+      seconds=ab.seconds + outcome.seconds, probe=outcome.summary(design))

@@ -6,11 +6,40 @@ time: one suite's A/B must fit 15 minutes on a 2-core machine and `make bench-ab
 At the paired noise measured on a 2-core VM (ResNet's examples/s ~12% a pair) a 10%
 loss needs about 20 pairs to be seen 9 times in 10; results/tracking/README.md has
 the noise, the power and the measured times.
+
+A suite may also run the A/B's throughput probe (replibench/tracking/probe.py): after
+its time-to-target pairs, `processes` short processes per side and configuration,
+interleaved ABBA, each `steps` training steps in windows of `window_steps`; the
+probe's examples/s row then replaces the trials' own examples/s row (whose noise
+is the trials' start-up, ~12% a pair on ResNet).
 """
 
 import dataclasses
 
 from replibench.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeDesign:
+  """The throughput probe's numbers (probe.Design adds the estimator it judges).
+
+  processes: per side and configuration (the probe's pairs: processes x configs)
+  steps: training steps per process, in windows of window_steps, the first
+    warmup_windows left out (so steps // window_steps - warmup_windows steady ones)
+  configs: the configurations probed (None: the suite's A/B configurations)
+  """
+  processes: int = 4
+  steps: int = 300
+  window_steps: int = 20
+  warmup_windows: int = 3
+  seed: int = 1
+  configs: tuple[str, ...] | None = None
+
+  def check(self) -> None:
+    steady = self.steps // self.window_steps - self.warmup_windows
+    if self.processes < 2 or steady < 2:
+      raise ValueError(f"probe design {self}: needs >= 2 processes and >= 2 steady windows "
+                       f"(steps // window_steps - warmup_windows)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,14 +49,23 @@ class Suite:
   rounds: int = 1
   configs: tuple[str, ...] | None = None   # None: every configuration of the sweep
   seeds: tuple[int, ...] | None = None     # None: the sweep file's seeds
+  probe: ProbeDesign | None = None         # None: no throughput probe
 
 
 SUITES = {s.name: s for s in (
-    # One process, logical replicas and worker processes, 7 seeds: 21 pairs in ~13 min
-    # (--configs=all adds the sweep's replicas=4 and workers=1). Examples/s moves ~12%
-    # a pair, time to target ~9%: 21 pairs see a 10% loss ~9 times in 10.
+    # One process, logical replicas and worker processes (--configs=all adds the
+    # sweep's replicas=4 and workers=1). Time to target and steps to target from 4 seeds
+    # x 3 configurations = 12 pairs (time to target moves ~9% a pair; steps are exact
+    # for a seed); examples/s from the probe: replicas=1 and workers=2, 4 processes a
+    # side each of 300 steps (15 windows of 20, 3 of warm-up) = 8 pairs.
+    # Estimated, not timed (the measured 21 pairs took 12.7 min, 18 s a trial): 24
+    # trials x 18 s = 7.2 min, and 16 probe processes x ~24 s (a trial's ~11 s of
+    # start-up and evaluation, 300 steps at ~5,000 examples/s of batch 256: ~15 s)
+    # = 6.4 min: ~13.6 min of the 15, `make bench-ab` ~26.5 of its 30 (25.6 measured
+    # with the 21-pair design). results/tracking/README.md: the design and its power.
     Suite("resnet", "configs/resnet/scaling.sweep", rounds=1,
-          configs=("replicas=1", "replicas=2", "workers=2"), seeds=tuple(range(1, 8))),
+          configs=("replicas=1", "replicas=2", "workers=2"), seeds=tuple(range(1, 5)),
+          probe=ProbeDesign(processes=4, steps=300, configs=("replicas=1", "workers=2"))),
     # 6 pairs, ~9 min: time to target moves ~5% a pair (examples/s ~9%).
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
     # Time and learner steps to return 500 on cartpole-balance, and learner examples/s

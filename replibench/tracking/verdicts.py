@@ -139,13 +139,14 @@ def convergence_row(config: str, pairs: Sequence[Pair], level: float = paired.LE
 
 def rows(pairs: Sequence[Pair], judged: Sequence[str], higher_is_better: bool,
          min_effects: dict[str, float] | None = None,
-         family_level: float = paired.LEVEL) -> list[Row]:
+         family_level: float = paired.LEVEL, extra_rows: int = 0) -> list[Row]:
   """Every row of one suite's A/B: per metric, the pooled suite row first, then each
-  configuration's; convergence per configuration when judged."""
+  configuration's; convergence per configuration when judged. extra_rows: rows judged
+  in the same family elsewhere (the throughput probe's, probe.attach)."""
   min_effects = {**DEFAULT_MIN_EFFECT, **(min_effects or {})}
   configs = list(dict.fromkeys(p.config for p in pairs))
   metrics = [m for m in METRICS if m in judged]
-  family = len(metrics) + ("converged" in judged)
+  family = len(metrics) + ("converged" in judged) + extra_rows
   suite_level = paired.bonferroni(family_level, family)
   config_level = paired.bonferroni(family_level, family * len(configs))
   out = []
