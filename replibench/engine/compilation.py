@@ -74,10 +74,12 @@ def _synchronises(what: str) -> str:
   return (f"Experiment.jit_compile: {what} synchronises the replicas while it runs "
           f"(tf.distribute's merge_call), which an XLA cluster cannot hold. The usual cause "
           f"is a layer whose non-trainable variables are aggregated across replicas on every "
-          f"write: the models' default batch norm (models/layers.py MeanAggregatedBatchNorm, "
-          f"e.g. resnet50's and the SN-GAN's when no norm_layer is bound) updates its moving "
-          f"statistics that way. Bind the model's norm_layer to @engine.per_replica_batch_norm "
-          f"(its moving statistics are read-synchronised: no merge_call), or set "
+          f"write (a tf.Variable with aggregation 'mean' or 'sum' and synchronization "
+          f"'on_write' or 'auto', e.g. a keras BatchNormalization subclass that sets "
+          f"aggregation='mean' on its moving statistics). Make those variables "
+          f"synchronization='on_read' (each replica updates its own copy; a read outside a "
+          f"replica gives their mean), as the models' default batch norm (models/layers.py "
+          f"MeanAggregatedBatchNorm) and @engine.per_replica_batch_norm do, or set "
           f"Experiment.jit_compile = False.")
 
 
