@@ -235,8 +235,8 @@ class RunResult:
   examples_per_s: float | None = None
   first_call_s: float | None = None
   # This session's XLA compilation: its first training call's seconds beyond its second
-  # (the same program, compiled), left out of time_to_target_s and total_s as MLPerf
-  # leaves compilation to init (harness/timed_span.py XlaCompilation). Null for a graph
+  # (the same program, compiled), left out of time_to_target_s and total_s like the
+  # step's tracing (init) (harness/timed_span.py XlaCompilation). Null for a graph
   # run, a session of one call, and files from before (added within schema 2).
   xla_compile_s: float | None = None
   # The training calls after the first in windows of log_every_steps steps, this session:

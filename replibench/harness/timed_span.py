@@ -11,8 +11,8 @@ played apart from training and are not part of time to train (MiniGo). A
 workload says which it is (Workload.timed_evaluation); the harness wraps each
 evaluation in untimed() where it is not timed. XLA's compilation of a compiled step,
 which happens in a session's first training call, is left out too, once measured
-(XlaCompilation: MLPerf puts compilation in init). What a span leaves out is kept
-out for good: the harness saves span() in every checkpoint and a resumed
+(XlaCompilation: init's work, as the step's tracing is). What a span leaves out is
+kept out for good: the harness saves span() in every checkpoint and a resumed
 session starts a new span from it.
 """
 
@@ -58,7 +58,8 @@ class XlaCompilation:
   XLA compiles each piece of a compiled step (engine/compilation.py) on its first run:
   inside a session's first training call, which the span would otherwise time (the
   harness traces the step in init, but XLA offers no compilation short of running it).
-  MLPerf Training puts compilation in init, before run_start. The session's second
+  The harness counts tracing in init (before MLPerf's run_start); XLA's compilation is
+  the rest of building the step, and is left out alike. The session's second
   call runs the same program, compiled: once it has, the first call's excess over it
   is XLA's compilation, left out of the span (TimedSpan.leave_out) and kept in
   `seconds` (result.json xla_compile_s). A call the profiler traced is not a fair
