@@ -79,10 +79,10 @@ def _train(norm, jit: bool, replicas: int = REPLICAS):
 
   images, labels = _batches()
   run = tf.function(lambda x, y: replicator.run(step, x, y))
+  distribute = replicator.strategy.experimental_distribute_values_from_function
   for s in range(STEPS):
-    per_replica = lambda array: replicator.strategy.experimental_distribute_values_from_function(  # noqa: E731,E501
-        lambda ctx: tf.constant(array[s, ctx.replica_id_in_sync_group]))
-    run(per_replica(images), per_replica(labels))
+    run(*(distribute(lambda ctx, a=array: tf.constant(a[s, ctx.replica_id_in_sync_group]))
+          for array in (images, labels)))
   return replicator, model
 
 
