@@ -1,6 +1,6 @@
-"""Why a model-parallel step (topology.Mesh) is not compiled with XLA: the refusal's
-paragraph per parallelism, and the TensorFlow limitation it names, checked here where
-it is cheap (benchmarks/mesh_xla_check.py tries the whole step: results/compile/README.md).
+"""Why a model-parallel step (topology.Mesh) is not compiled with XLA where it is not:
+the refusal's paragraph, and the TensorFlow limitation it names, checked here where it
+is cheap (benchmarks/mesh_xla_check.py tries the whole step: results/compile/README.md).
 """
 
 import pytest
@@ -16,16 +16,20 @@ class _Workload:
   pass
 
 
-@pytest.mark.parametrize("parallelism,said", [
-    ("tensor", "XLA does not compile a collective on CPU devices"),
-    ("pipeline", "tf.Variable on a different device"),
+@pytest.mark.parametrize("mesh,said", [
+    (dict(data=1), "XLA does not compile a collective on CPU devices"),
+    (dict(data=2, parallelism="pipeline", workers=2), "with worker processes"),
 ])
-def test_each_parallelism_is_refused_with_what_tensorflow_said(parallelism, said):
-  mesh = model_parallel.Mesh(data=1, model=2, parallelism=parallelism)
+def test_what_cannot_compile_is_refused_with_why(mesh, said):
+  """Tensor parallelism (what TensorFlow said when tried), and a pipeline over worker
+  processes (not tried). A pipeline in one process compiles (test_pipeline_compile)."""
+  mesh = model_parallel.Mesh(model=2, **mesh)
   with pytest.raises(UserError, match=said):
     compile_choice.resolve(True, _Workload(), mesh, regimes.Sync())
   auto = compile_choice.resolve("auto", _Workload(), mesh, regimes.Sync())
   assert auto.enabled is False and said in auto.reason
+  pipeline = model_parallel.Mesh(data=1, model=2, parallelism="pipeline")
+  assert compile_choice.resolve(True, _Workload(), pipeline, regimes.Sync()).enabled
 
 
 def test_xla_compiles_no_collective_on_cpu_devices():

@@ -68,7 +68,8 @@ def device_kind(topology) -> str:
 
 def _cannot_compile(topology, regime) -> str | None:
   """Why this path cannot compile its step with XLA, or None."""
-  if isinstance(topology, Mesh):
+  if isinstance(topology, Mesh) and not (topology.parallelism == PIPELINE
+                                         and not topology.workers):
     return _mesh_cannot_compile(topology)
   if topology.num_replicas > 1 and _binds_cross_replica_batch_norm():
     return (f"the config binds @engine.cross_replica_batch_norm, whose all-reduce of the "
@@ -87,19 +88,17 @@ def _cannot_compile(topology, regime) -> str | None:
 
 
 def _mesh_cannot_compile(topology) -> str:
-  """Why a model-parallel step does not compile: what TensorFlow said when it was tried
-  (benchmarks/mesh_xla_check.py, results/compile/README.md)."""
+  """Why this model-parallel step does not compile: what TensorFlow said when it was
+  tried (benchmarks/mesh_xla_check.py, results/compile/README.md). A pipeline in one
+  process compiles each stage on its device (engine/model_parallel/pipeline.py)."""
   where = (f"topology.Mesh (model = {topology.model}, parallelism = "
            f"{topology.parallelism!r}) splits each replica's forward and backward pass over "
            f"{topology.model} devices, and an XLA cluster on a CPU or GPU is one device's "
            f"program")
   if topology.parallelism == PIPELINE:
-    return (f"{where}: compiled as one cluster, a pipeline's pass reads its later stages' "
-            f"variables from the first stage's device, which TensorFlow refuses (tried: "
-            f"INVALID_ARGUMENT 'Trying to access resource ... located in device CPU:1 from "
-            f"device CPU:0', XLA's known issue 'tf.Variable on a different device'); "
-            f"compiling each stage on its own device between the pipeline's transfers is "
-            f"not built")
+    return (f"{where}; a pipeline in one process compiles each stage on its own device, "
+            f"but with worker processes (topology.Mesh.workers = {topology.workers}) that "
+            f"has not been tried; use workers = 0, or Experiment.jit_compile = False")
   return (f"{where}: a tensor-parallel pair's partial sums are all-reduced among those "
           f"devices inside the pass (CollectiveReduceV2, engine/model_parallel/"
           f"model_axis.py), and XLA does not compile a collective on CPU devices "
