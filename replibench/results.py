@@ -234,6 +234,11 @@ class RunResult:
   # Throughput: training calls after the first; the first apart.
   examples_per_s: float | None = None
   first_call_s: float | None = None
+  # This session's XLA compilation: its first training call's seconds beyond its second
+  # (the same program, compiled), left out of time_to_target_s and total_s like the
+  # step's tracing (init) (harness/timed_span.py XlaCompilation). Null for a graph
+  # run, a session of one call, and files from before (added within schema 2).
+  xla_compile_s: float | None = None
   # The training calls after the first in windows of log_every_steps steps, this session:
   # [steps, wall seconds, process CPU seconds] each (the throughput probe's raw data).
   windows: list = dataclasses.field(default_factory=list)

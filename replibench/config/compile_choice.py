@@ -18,7 +18,7 @@ import gin
 import tensorflow as tf
 
 from replibench.engine import Local, Tpu, devices
-from replibench.engine.model_parallel import Mesh
+from replibench.engine.model_parallel import PIPELINE, Mesh
 from replibench.engine.regimes import AsyncPS
 from replibench.errors import UserError
 from replibench.inputs import shown
@@ -68,14 +68,9 @@ def device_kind(topology) -> str:
 
 def _cannot_compile(topology, regime) -> str | None:
   """Why this path cannot compile its step with XLA, or None."""
-  if isinstance(topology, Mesh):
-    return (f"topology.Mesh (model = {topology.model}, parallelism = "
-            f"{topology.parallelism!r}) splits each replica's forward and backward pass over "
-            f"{topology.model} devices, with transfers (a pipeline's activations) or "
-            f"collectives (tensor-parallel layers' partial sums) between them, and an XLA "
-            f"cluster on a CPU or GPU is one device's program: the pass cannot be one "
-            f"cluster, and compiling it layer by layer between those exchanges is not "
-            f"built")
+  if isinstance(topology, Mesh) and not (topology.parallelism == PIPELINE
+                                         and not topology.workers):
+    return _mesh_cannot_compile(topology)
   if topology.num_replicas > 1 and _binds_cross_replica_batch_norm():
     return (f"the config binds @engine.cross_replica_batch_norm, whose all-reduce of the "
             f"batch moments lies inside the forward and backward pass that XLA compiles as "
@@ -90,6 +85,26 @@ def _cannot_compile(topology, regime) -> str | None:
             f"servers' updates must stay TensorFlow's locking kernels besides "
             f"(training_kernels.make_updates_atomic), which XLA would not lock")
   return None
+
+
+def _mesh_cannot_compile(topology) -> str:
+  """Why this model-parallel step does not compile: what TensorFlow said when it was
+  tried (benchmarks/mesh_xla_check.py, results/compile/README.md). A pipeline in one
+  process compiles each stage on its device (engine/model_parallel/pipeline.py)."""
+  where = (f"topology.Mesh (model = {topology.model}, parallelism = "
+           f"{topology.parallelism!r}) splits each replica's forward and backward pass over "
+           f"{topology.model} devices, and an XLA cluster on a CPU or GPU is one device's "
+           f"program")
+  if topology.parallelism == PIPELINE:
+    return (f"{where}; a pipeline in one process compiles each stage on its own device, "
+            f"but with worker processes (topology.Mesh.workers = {topology.workers}) that "
+            f"has not been tried; use workers = 0, or Experiment.jit_compile = False")
+  return (f"{where}: a tensor-parallel pair's partial sums are all-reduced among those "
+          f"devices inside the pass (CollectiveReduceV2, engine/model_parallel/"
+          f"model_axis.py), and XLA does not compile a collective on CPU devices "
+          f"(TensorFlow: 'Collectives are not yet implemented for CPU devices when "
+          f"compiling with XLA'); tried, the step stops before that with UNIMPLEMENTED "
+          f"'Duplicate variable passed to XLA cluster' (not tried on GPUs)")
 
 
 def _binds_cross_replica_batch_norm() -> bool:

@@ -21,7 +21,9 @@ step matches the uncompiled one to float32 rounding, not bit for bit
 (tests/test_compile.py states the tolerance).
 """
 
+import contextlib
 import functools
+import threading
 
 import tensorflow as tf
 
@@ -37,10 +39,23 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
   (collectives.compiled_piece). One tf.function, called by every replica:
   MirroredStrategy traces step_fn once per replica, under the replica's device, and
   the function traces (and XLA compiles) once per replica and input signature.
+  Inside per_device_pieces() (a pipeline's step, whose pass spans devices) fn runs as
+  it is, and the model compiles its per-device parts (device_piece).
   """
   if not jit_compile:
     return fn
+  jitted = device_piece(fn, what)
 
+  def call(*args, **kwargs):
+    if getattr(_PER_DEVICE, "on", False):
+      return fn(*args, **kwargs)
+    return jitted(*args, **kwargs)
+
+  return call
+
+
+def device_piece(fn, what: str):
+  """fn as one XLA cluster, placed on the device it is called under (see compiled)."""
   dense_shapes = []   # Per output leaf: a sparse gradient's static dense shape, or None.
 
   def piece(*args, **kwargs):
@@ -69,15 +84,39 @@ def compiled(fn, jit_compile: bool, what: str = "the workload's forward and back
   return call
 
 
+_PER_DEVICE = threading.local()   # Per thread: MirroredStrategy traces each replica in its own.
+
+
+@contextlib.contextmanager
+def per_device_pieces():
+  """While a step is traced inside: `compiled` pieces run uncompiled, and
+  compiles_per_device() is True, so that a model whose pass spans devices (a
+  pipeline: engine/model_parallel/pipeline.py) compiles each device's part instead (an
+  XLA cluster is one device's program)."""
+  previous = getattr(_PER_DEVICE, "on", False)
+  _PER_DEVICE.on = True
+  try:
+    yield
+  finally:
+    _PER_DEVICE.on = previous
+
+
+def compiles_per_device() -> bool:
+  """Whether the step being traced compiles its per-device parts (per_device_pieces)."""
+  return getattr(_PER_DEVICE, "on", False)
+
+
 def _synchronises(what: str) -> str:
   """Why a piece that reached tf.distribute's merge_call cannot be one XLA cluster."""
   return (f"Experiment.jit_compile: {what} synchronises the replicas while it runs "
           f"(tf.distribute's merge_call), which an XLA cluster cannot hold. The usual cause "
           f"is a layer whose non-trainable variables are aggregated across replicas on every "
-          f"write: the models' default batch norm (models/layers.py MeanAggregatedBatchNorm, "
-          f"e.g. resnet50's and the SN-GAN's when no norm_layer is bound) updates its moving "
-          f"statistics that way. Bind the model's norm_layer to @engine.per_replica_batch_norm "
-          f"(its moving statistics are read-synchronised: no merge_call), or set "
+          f"write (a tf.Variable with aggregation 'mean' or 'sum' and synchronization "
+          f"'on_write' or 'auto', e.g. a keras BatchNormalization subclass that sets "
+          f"aggregation='mean' on its moving statistics). Make those variables "
+          f"synchronization='on_read' (each replica updates its own copy; a read outside a "
+          f"replica gives their mean), as the models' default batch norm (models/layers.py "
+          f"MeanAggregatedBatchNorm) and @engine.per_replica_batch_norm do, or set "
           f"Experiment.jit_compile = False.")
 
 

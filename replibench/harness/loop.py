@@ -5,7 +5,9 @@ tracing the training and evaluation steps) is measured apart; the timed span
 runs from run_start to the first evaluation that meets the target and includes
 training, evaluation and checkpointing, except where the workload's evaluation
 is not timed (Workload.timed_evaluation False: reinforcement learning, whose
-evaluation episodes MLPerf leaves out; harness/timed_span.py). The span, the
+evaluation episodes MLPerf leaves out; harness/timed_span.py), and except XLA's
+compilation of a compiled step (measured in the session's first call, left out once its
+second has run: timed_span.XlaCompilation, result.json xla_compile_s). The span, the
 eval curve and the outcome are saved inside each checkpoint
 (harness/state.py), so a resumed run continues them, and a run whose outcome
 is already in its checkpoint only writes result.json again.
@@ -30,7 +32,7 @@ from replibench.harness import workdir as workdir_lib
 from replibench.harness.checkpoints import Checkpoints
 from replibench.harness.reporting import MLC, MLPerfLog, Summaries
 from replibench.harness.state import RunState, StateVariable
-from replibench.harness.timed_span import TimedSpan
+from replibench.harness.timed_span import TimedSpan, XlaCompilation
 
 
 class _Run:
@@ -140,6 +142,7 @@ class _Run:
     self.noise_window = {}   # Sums of the noise-scale norms since the last log line.
     meter = progress.Meter(int(self.step.numpy()), self.limit, self.spec.global_batch_size,
                            window_steps=self.experiment.log_every_steps)
+    self.compilation = XlaCompilation(self.spec.jit_compile)
     try:
       status, reached_at = self._train(meter, elapsed)
     finally:   # An early end (target, divergence, a crash) still writes the trace.
@@ -147,6 +150,7 @@ class _Run:
     self.elapsed.assign(elapsed())
     self.state.throughput = {"examples_per_s": meter.examples_per_s(),
                              "first_call_s": meter.first_call_s, "windows": meter.windows,
+                             "xla_compile_s": self.compilation.seconds,
                              "calibration": self.calibration}
     if self.synthetic:
       why = None
@@ -177,8 +181,9 @@ class _Run:
       if exp.inject_slowdown:
         slowdown.add_work(time.monotonic() - t0, exp.inject_slowdown)
       step = int(self.step.assign_add(steps_per_call).numpy())
-      meter.trained(steps_per_call, time.monotonic() - t0, time.process_time() - cpu0,
-                    traced=traced)
+      seconds = time.monotonic() - t0
+      meter.trained(steps_per_call, seconds, time.process_time() - cpu0, traced=traced)
+      self.compilation.call_ended(seconds, elapsed, traced=traced)   # Out of the span.
       self.profiler.after_call(step)
       self.workload.after_train_call(step)
       self.elapsed.assign(elapsed())
@@ -285,6 +290,7 @@ class _Run:
         eval_s=state.eval_time[0] / state.eval_time[1] if state.eval_time[1] else None,
         sessions=state.sessions, examples_per_s=measured.get("examples_per_s"),
         first_call_s=measured.get("first_call_s"), windows=measured.get("windows", []),
+        xla_compile_s=measured.get("xla_compile_s"),
         communication=self.communication,
         network=self._network(meter) if meter is not None else None,
         machine=results.Machine(**provenance.machine(measured.get("calibration"))),

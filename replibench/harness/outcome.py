@@ -56,6 +56,7 @@ class RunFacts:
   windows: list = dataclasses.field(default_factory=list)
   profile: results.Profile | None = None   # `run --profile_steps`: where the trace went.
   jit_compile: bool = False     # TrainSpec.jit_compile: the step compiled with XLA.
+  xla_compile_s: float | None = None   # Left out of the span (timed_span.XlaCompilation).
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -70,6 +71,7 @@ def make_result(facts: RunFacts, status: str) -> results.RunResult:
       final_metric=facts.curve[-1][2] if facts.curve else None,
       final_metrics=facts.last_eval, metrics_at_target=facts.at_target if reached else None,
       examples_per_s=facts.examples_per_s, first_call_s=_rounded(facts.first_call_s),
+      xla_compile_s=_rounded(facts.xla_compile_s),
       windows=list(facts.windows),
       eval_s=_rounded(facts.eval_s), regime=facts.regime, regime_metrics=facts.regime_means,
       communication=communication_account(facts.communication, facts.examples_per_s,

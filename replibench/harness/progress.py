@@ -15,7 +15,8 @@ class Meter:
 
   Throughput leaves out each session's first training call, which also builds
   the executor and optimizes the graph (seconds for a GAN step): it is reported
-  apart as first_call_s, and still counts in the timed span. It leaves out the
+  apart as first_call_s, and still counts in the timed span (but for XLA's compilation,
+  which the harness leaves out: timed_span.XlaCompilation). It leaves out the
   calls the profiler traced too (harness/profiling.py: tracing slows them).
 
   The calls after the first are also summed in windows of window_steps steps:

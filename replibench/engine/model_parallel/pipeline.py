@@ -36,6 +36,7 @@ import gin
 import keras
 import tensorflow as tf
 
+from replibench.engine import compilation
 from replibench.engine.model_parallel import layout as layout_lib, model_axis, placement
 from replibench.errors import UserError
 
@@ -150,6 +151,18 @@ class Pipelined(keras.Model):
     return _boundary(whole, devices[0]) if len(devices) > 1 else whole
 
 
+def _forward(stage: list, training):
+  """The stage's pieces as a function of its input. Under Experiment.jit_compile the
+  step's pass spans the stages' devices, which no XLA cluster can (one device's
+  program): each stage's forward pass is then a cluster of its own, on the stage's
+  device (compilation.per_device_pieces), and its backward pass the gradient of that
+  function, on the same device."""
+  run = lambda carry: _run(stage, carry, training)  # noqa: E731
+  if not compilation.compiles_per_device():
+    return run
+  return compilation.device_piece(run, "a pipeline stage's forward pass")
+
+
 def _run(pieces: list, carry, training):
   """Pieces (callables carry, training -> carry: models/pieces.py) one after another."""
   for piece in pieces:
@@ -202,7 +215,7 @@ def _staged(stage: list, carry, device: str, training):
     with tf.device(device), tf.GradientTape() as tape:
       floats = [t for t in flat_in if t.dtype.is_floating]
       tape.watch(floats)
-      out = _run(stage, tf.nest.pack_sequence_as(carry, list(flat_in)), training)
+      out = _forward(stage, training)(tf.nest.pack_sequence_as(carry, list(flat_in)))
     structure.append(out)
     flat_out = tf.nest.flatten(out)
 

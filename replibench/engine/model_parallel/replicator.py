@@ -21,7 +21,7 @@ import contextlib
 
 import tensorflow as tf
 
-from replibench.engine import collectives
+from replibench.engine import collectives, compilation
 from replibench.engine.measure import communication, device_memory
 from replibench.engine.model_parallel import layout as layout_lib
 from replibench.engine.model_parallel.data_axis import DataAxisView
@@ -62,12 +62,18 @@ class MeshReplicator(Replicator):
         stack.enter_context(tf.variable_creator_scope(SplitCreator(self.layout)))
       yield
 
-  def _in_mesh(self, step_fn):
-    """step_fn as each replica runs it: under the layout, seeing the data axis."""
+  def _in_mesh(self, step_fn, per_device: bool = False):
+    """step_fn as each replica runs it: under the layout, seeing the data axis; with
+    per_device (a compiled pipeline step), compiling each stage on its device
+    (compilation.per_device_pieces) instead of the pass, which spans them."""
 
     def replica_fn(*args, **kwargs):
-      with layout_lib.active(self.layout), (collectives.replica_group(self._view)
-                                            if self._view else contextlib.nullcontext()):
+      with contextlib.ExitStack() as stack:
+        stack.enter_context(layout_lib.active(self.layout))
+        if self._view:
+          stack.enter_context(collectives.replica_group(self._view))
+        if per_device:
+          stack.enter_context(compilation.per_device_pieces())
         return step_fn(*args, **kwargs)
 
     return replica_fn
@@ -100,7 +106,8 @@ class MeshReplicator(Replicator):
 
   def _compile(self, step_fn, input_fn, spec, start_step) -> "MeshCompiledStep":
     self.check_models()
-    return MeshCompiledStep(self, self._in_mesh(step_fn),
+    per_device = self.as_spec(spec).jit_compile and not self.tensor_parallel
+    return MeshCompiledStep(self, self._in_mesh(step_fn, per_device),
                             self.distribute(input_fn, spec, start_step), spec)
 
   def device_memory(self, graph: tf.Graph) -> dict[str, dict[str, int]]:

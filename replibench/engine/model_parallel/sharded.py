@@ -81,11 +81,12 @@ class SplitCreator:
     if axis is None or self.layout.model_axis == 1:
       return next_creator(**kwargs)
     if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
-      raise UserError(self._message(kwargs, "is read as the mean of its replicas' copies "
-                                    "(synchronization on_read, e.g. engine."
-                                    "per_replica_batch_norm), which would mix the devices' "
-                                    "channels; use engine.cross_replica_batch_norm or the "
-                                    "models' default batch norm there"))
+      # A batch norm's moving statistics kept per replica and read as their mean (the
+      # models' default, engine.per_replica_batch_norm): read outside a step, such a
+      # variable is reduced to one device, which would keep slot 0's channels only. Split,
+      # it is written as the mean of its slot's D copies instead (DataAxisOps), which by
+      # linearity of the moving average is the same mean.
+      kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
     variable = next_creator(**kwargs)
     if in_pair:
       layer = internals.building_keras_layer()
