@@ -52,17 +52,21 @@ class MemoryLog:
   """The pytest hooks that write FILE's lines (conftest registers it when asked)."""
 
   def __init__(self, path: str):
-    self.path, self.start, self.peak = path, time.monotonic(), 0
+    self.path, self.start, self.peak, self.test = path, time.monotonic(), 0, 0
     threading.Thread(target=self._sample, daemon=True).start()
 
   def _sample(self):
     me = os.getpid()
     while True:
-      self.peak = max(self.peak, _tree_rss(me))
+      test = self.test
+      total = _tree_rss(me)
+      if test == self.test:   # Not a sample begun during the test before.
+        self.peak = max(self.peak, total)
       time.sleep(0.25)
 
   def pytest_runtest_logstart(self, nodeid, location):
     del nodeid, location
+    self.test += 1
     self.start, self.peak = time.monotonic(), _rss(os.getpid())
 
   def pytest_runtest_logfinish(self, nodeid, location):
