@@ -11,7 +11,8 @@ clusters and runs a test starts) held together while the test ran, sampled every
 process) count once per process, so tree_peak overstates what the machine lost.
 
   REPLIBENCH_TEST_MEMORY_LOG=/tmp/mem.log make test
-  sort -k5 -n -r /tmp/mem.log | head -20      # the largest tree peaks
+  sort -k7 -n -r /tmp/mem.log | head -20      # the largest tree peaks
+  sort -k1 -n -r /tmp/mem.log | head -20      # the slowest tests
 """
 
 import os
