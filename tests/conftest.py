@@ -68,6 +68,15 @@ def _glibc():
 _LIBC = _glibc()
 
 
+def pytest_configure(config):
+  """REPLIBENCH_TEST_MEMORY_LOG=FILE: each test's time and memory, to FILE
+  (tests/memory_log.py)."""
+  path = os.environ.get("REPLIBENCH_TEST_MEMORY_LOG")
+  if path:
+    from tests import memory_log  # pylint: disable=import-outside-toplevel
+    config.pluginmanager.register(memory_log.MemoryLog(path), "replibench_memory_log")
+
+
 def pytest_collection_modifyitems(config, items):
   """Skips tests marked gpu, saying why, when TensorFlow sees no GPU (CI has none)."""
   del config

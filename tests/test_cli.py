@@ -1,5 +1,8 @@
 """The command line's contract: help that helps, and bad input as one paragraph with exit 2
-and nothing written. Each case is a real `python -m replibench.cli` process."""
+and nothing written. Each case is a real `python -m replibench.cli` process, but the
+second and later cases of one kind of bad input file: those run in this process
+(tests/inprocess_cli.py, the same main without a fresh interpreter's start-up), the first
+case of the kind having shown what a real process prints."""
 
 import os
 import subprocess
@@ -7,10 +10,18 @@ import sys
 
 import pytest
 
-from tests import helpers
+from tests import helpers, inprocess_cli
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 TINY = [f"--gin_bindings={b}" for b in helpers.TINY[CONFIG]]
+
+
+def _cli(capsys, case: int, *args: str, env: dict | None = None):
+  """`replibench ARGS` for the case-th case (from 0) of a parametrized test: the first
+  in a real process, the others in this one."""
+  if case == 0:
+    return helpers.cli(*args, env=env)
+  return inprocess_cli.cli(capsys, *args, env=env)
 
 
 def _one_paragraph_error(run) -> str:
@@ -56,15 +67,15 @@ def test_flag_and_command_mistakes_exit_2(args, culprit):
   assert culprit in run.stderr and "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("gin_text,culprit", [
-    ("", "Required bindings for `Experiment`"),
-    ("Experiment.workload = @ImageClassification(\n", "empty.gin"),
-    ("include 'TMP/empty.gin'\n", "cycle"),
+@pytest.mark.parametrize("case,gin_text,culprit", [
+    (0, "", "Required bindings for `Experiment`"),
+    (1, "Experiment.workload = @ImageClassification(\n", "empty.gin"),
+    (2, "include 'TMP/empty.gin'\n", "cycle"),
 ])
-def test_broken_gin_files_exit_2_with_one_paragraph(tmp_path, gin_text, culprit):
+def test_broken_gin_files_exit_2_with_one_paragraph(tmp_path, capsys, case, gin_text, culprit):
   path = tmp_path / "empty.gin"
   path.write_text(gin_text.replace("TMP", str(tmp_path)))
-  run = helpers.cli("run", f"--gin_file={path}", f"--workdir={tmp_path / 'run'}")
+  run = _cli(capsys, case, "run", f"--gin_file={path}", f"--workdir={tmp_path / 'run'}")
   line = _one_paragraph_error(run)
   assert culprit in line, line
   assert not (tmp_path / "run").exists()
@@ -95,22 +106,24 @@ points = [{{label = "ok", bindings = ["small_resnet.widths = (4, 8, 8)"]}},
   assert not list((tmp_path / "w").rglob("result.json"))   # No trial ran.
 
 
-@pytest.mark.parametrize("content", [b"\x89PNG\r\n\x1a\n\x00\x00", b"\xff\xfe not utf8", None])
-def test_a_sweep_file_that_is_binary_or_a_directory_exits_2(tmp_path, content):
+@pytest.mark.parametrize("case,content", enumerate([b"\x89PNG\r\n\x1a\n\x00\x00",
+                                                   b"\xff\xfe not utf8", None]))
+def test_a_sweep_file_that_is_binary_or_a_directory_exits_2(tmp_path, capsys, case, content):
   path = tmp_path / "s.sweep"
   if content is None:
     path.mkdir()
   else:
     path.write_bytes(content)
-  run = helpers.cli("sweep", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
+  run = _cli(capsys, case, "sweep", f"--sweep={path}", f"--workdir={tmp_path / 'w'}")
   assert "s.sweep" in _one_paragraph_error(run)
 
 
-@pytest.mark.parametrize("content", [b"[1, 2, 3]", b"\x00\x01binary", b'{"workload": 3}'])
-def test_a_baseline_that_is_not_a_report_exits_2(tmp_path, content):
+@pytest.mark.parametrize("case,content",
+                         enumerate([b"[1, 2, 3]", b"\x00\x01binary", b'{"workload": 3}']))
+def test_a_baseline_that_is_not_a_report_exits_2(tmp_path, capsys, case, content):
   (tmp_path / "base.json").write_bytes(content)
-  run = helpers.cli("compare", str(tmp_path / "base.json"),
-                    f"--baseline={tmp_path / 'base.json'}")
+  run = _cli(capsys, case, "compare", str(tmp_path / "base.json"),
+             f"--baseline={tmp_path / 'base.json'}")
   assert "base.json" in _one_paragraph_error(run)
 
 

@@ -20,15 +20,26 @@ def _run(workdir, bindings=(), max_steps=None):
   return run_experiment(experiment, str(workdir), max_steps=max_steps)
 
 
-def test_resume_continues_step_count_elapsed_time_and_curve(tmp_path):
-  first = _run(tmp_path, max_steps=3)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """The same tiny run made straight through and stopped after 3 steps then resumed to
+  its end, made once for the resume tests: {'straight': workdir, 'resumed': workdir,
+  'first': the stopped session's result, 'second': the resumed one's}."""
+  made = {name: tmp_path_factory.mktemp(name) for name in ("straight", "resumed")}
+  _run(made["straight"])
+  made["first"] = _run(made["resumed"], max_steps=3)
+  made["second"] = _run(made["resumed"])
+  return made
+
+
+def test_resume_continues_step_count_elapsed_time_and_curve(runs):
+  first, second = runs["first"], runs["second"]
   assert first.final_step == 3 and first.status == "budget_exhausted"
-  second = _run(tmp_path)
   budget = second.budget["total_steps"]
   assert second.final_step == budget > 3
   assert second.total_s > first.total_s          # the timed span carried over
   assert second.curve[: len(first.curve)] == first.curve
-  third = _run(tmp_path)                                # complete: nothing more to do
+  third = _run(runs["resumed"])                         # complete: nothing more to do
   assert third == second
 
 
@@ -38,12 +49,10 @@ def _checkpoint(workdir) -> dict:
           if k.startswith(("model/", "optimizer/"))}
 
 
-def test_resume_is_exact_for_weights_optimizer_state_and_data(tmp_path):
-  """3 steps + 3 resumed steps == 6 steps: same data, same augmentation, same slots."""
-  _run(tmp_path / "straight", max_steps=4)
-  _run(tmp_path / "resumed", max_steps=2)
-  _run(tmp_path / "resumed", max_steps=4)
-  straight, resumed = _checkpoint(tmp_path / "straight"), _checkpoint(tmp_path / "resumed")
+def test_resume_is_exact_for_weights_optimizer_state_and_data(runs):
+  """3 steps + the resumed rest == the run straight through: same data, same
+  augmentation, same slots."""
+  straight, resumed = _checkpoint(runs["straight"]), _checkpoint(runs["resumed"])
   assert straight.keys() == resumed.keys()
   # Keras 3 checkpoints the optimizer's iteration count and momentum slots by index.
   assert sum(k.startswith("optimizer/_variables/") for k in straight) > 2

@@ -78,6 +78,19 @@ def _cmdline(pid: int) -> bytes:
     return f.read()
 
 
+def _children(pid: int) -> list[int]:
+  return [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                         text=True).stdout.split()]
+
+
+def _runs(pid: int) -> bool:
+  """Whether pid is a `replibench run` (False once it has gone)."""
+  try:
+    return b"\0run\0" in _cmdline(pid)
+  except (FileNotFoundError, ProcessLookupError):
+    return False
+
+
 def _in_namespace(pid: int, *command: str) -> str:
   return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", *command],
                         capture_output=True, text=True, check=True).stdout
@@ -144,13 +157,13 @@ bindings = ["Experiment.train_epochs = 1000", "small_resnet.widths = (4, 8, 8)",
                             f"--sweep={tmp_path / 's.sweep'}", f"--workdir={tmp_path / 'w'}"],
                            cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
   try:
-    log = tmp_path / "w" / "default" / "seed=1" / "trial.log"
+    # Killed once its trial process exists (starting TensorFlow or training: the
+    # parent-death signal it dies by is set before its exec, processes.preexec).
     deadline = time.monotonic() + 120
-    while not (log.exists() and "step " in log.read_text(errors="replace")):
+    while not any(_runs(p) for p in _children(sweep.pid)):
       assert time.monotonic() < deadline and sweep.poll() is None
-      time.sleep(0.5)
-    trial = [int(p) for p in subprocess.run(["pgrep", "-P", str(sweep.pid)], capture_output=True,
-                                            text=True).stdout.split()]
+      time.sleep(0.2)
+    trial = _children(sweep.pid)
     assert trial
     sweep.kill()
     assert _gone(trial), "the trial outlived a SIGKILLed sweep"
