@@ -20,8 +20,13 @@ CONFIG = "configs/resnet/fashion_mnist.gin"
 # (ring all-reduce across processes vs. one device), and a tiny BN net at a large
 # rate amplifies that float32 rounding within a few steps. Augmentation stays on:
 # each worker keeps its replica's batches of the one-process input, draws included.
+# Two blocks, not the tiny config's three, and 200 evaluation images, not 1,000
+# (test_model_parallel_runs' short ResNet): each launched worker traces the replicated
+# step, and what is compared, the same training on either topology, needs no depth.
 BINDINGS = [*helpers.TINY[CONFIG], "ImageClassification.base_lr_per_256 = 0.01",
-            "Experiment.jit_compile = False"]
+            "Experiment.jit_compile = False", "small_resnet.widths = (4, 8)",
+            "small_resnet.blocks_per_stage = (1, 1)", "FashionMNIST.num_eval_examples = 200",
+            "ImageClassification.eval_batch_size = 200"]
 # The config's own cross-replica batch norm, and the scaling configs' per-replica one
 # (whose math depends on which examples each replica gets, not only on the global batch).
 NORMS = {"cross_replica": [],
