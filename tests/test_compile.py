@@ -88,14 +88,20 @@ def _assert_equivalent(gin_file: str, bindings: list[str], scale: float = 1.0):
     np.testing.assert_allclose(xla, graph, rtol=var_tol, atol=var_tol)
 
 
+# The ResNet tests' model: two blocks, not the tiny config's three (the measured
+# differences above are the three-block model's; a shallower chain amplifies less).
+# Tracing and compiling the pass is most of each test; every block kind stays.
+TWO_BLOCKS = ["small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)"]
+
+
 def test_resnet_compiled_step_matches_graph_step_on_two_replicas():
-  _assert_equivalent(RESNET, [*_local(2), *PER_REPLICA_BN])
+  _assert_equivalent(RESNET, [*_local(2), *PER_REPLICA_BN, *TWO_BLOCKS])
 
 
 def test_resnet_cross_replica_batch_norm_compiles_on_one_replica():
   """The config as committed, one replica: its batch norm's all-reduce over one replica
   is the identity inside the compiled pass."""
-  _assert_equivalent(RESNET, _local(1))
+  _assert_equivalent(RESNET, [*_local(1), *TWO_BLOCKS])
 
 
 def test_a_pass_that_synchronises_replicas_says_why_it_cannot_compile():

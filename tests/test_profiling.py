@@ -16,6 +16,10 @@ from tests import helpers
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 TINY = helpers.TINY[CONFIG]
+# The profiled run's model and evaluation: two blocks, 200 images (what the profile
+# must show, the step's convolutions, needs no more).
+SHORT = ["small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)",
+         "FashionMNIST.num_eval_examples = 200", "ImageClassification.eval_batch_size = 200"]
 
 
 class _Recorder(profiling.StepProfiler):
@@ -64,7 +68,7 @@ def test_bad_ranges_are_refused_naming_the_setting(value, culprit):
 
 def test_a_few_step_cpu_run_writes_a_profile_tensorboard_reads(tmp_path):
   experiment = load_experiment([os.path.join(helpers.REPO, CONFIG)],
-                               [*TINY, "Experiment.profile_steps = (2, 3)"])
+                               [*TINY, *SHORT, "Experiment.profile_steps = (2, 3)"])
   result = run_experiment(experiment, str(tmp_path), max_steps=4)
   assert result.profile == results.Profile(
       steps=[2, 3], traced_steps=[2, 3], calls=2, logdir=".",
