@@ -12,7 +12,7 @@ from replibench.config import load_experiment
 from replibench.errors import UserError
 from replibench.harness import profiling
 from replibench.harness.loop import run_experiment
-from tests import helpers
+from tests import helpers, inprocess_cli
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 TINY = helpers.TINY[CONFIG]
@@ -93,9 +93,13 @@ def test_a_few_step_cpu_run_writes_a_profile_tensorboard_reads(tmp_path):
     (["--profile_steps=x,2"], "--profile_steps=x,2"),
     (["--profile_steps=5,6", "--max_steps=4"], "--max_steps=4"),
 ])
-def test_the_flag_refuses_bad_ranges_with_exit_2_and_writes_nothing(tmp_path, flags, culprit):
-  run = helpers.cli("run", f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in TINY),
-                    *flags, f"--workdir={tmp_path / 'run'}")
+def test_the_flag_refuses_bad_ranges_with_exit_2_and_writes_nothing(tmp_path, capsys, flags,
+                                                                   culprit):
+  # In this process (tests/inprocess_cli.py): the refusal comes before anything runs,
+  # and what is checked is what the command says, returns and writes.
+  run = inprocess_cli.cli(capsys, "run", f"--gin_file={CONFIG}",
+                          *(f"--gin_bindings={b}" for b in TINY), *flags,
+                          f"--workdir={tmp_path / 'run'}")
   assert run.returncode == 2, run.stderr[-2000:]
   lines = [l for l in run.stderr.splitlines() if l.startswith("replibench run: error:")]
   assert len(lines) == 1 and culprit in lines[0], run.stderr[-2000:]
