@@ -88,14 +88,20 @@ def _assert_equivalent(gin_file: str, bindings: list[str], scale: float = 1.0):
     np.testing.assert_allclose(xla, graph, rtol=var_tol, atol=var_tol)
 
 
+# The ResNet tests' model: two blocks, not the tiny config's three (the measured
+# differences above are the three-block model's; a shallower chain amplifies less).
+# Tracing and compiling the pass is most of each test; every block kind stays.
+TWO_BLOCKS = ["small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)"]
+
+
 def test_resnet_compiled_step_matches_graph_step_on_two_replicas():
-  _assert_equivalent(RESNET, [*_local(2), *PER_REPLICA_BN])
+  _assert_equivalent(RESNET, [*_local(2), *PER_REPLICA_BN, *TWO_BLOCKS])
 
 
 def test_resnet_cross_replica_batch_norm_compiles_on_one_replica():
   """The config as committed, one replica: its batch norm's all-reduce over one replica
   is the identity inside the compiled pass."""
-  _assert_equivalent(RESNET, _local(1))
+  _assert_equivalent(RESNET, [*_local(1), *TWO_BLOCKS])
 
 
 SNGAN_SYNTHETIC = "configs/sngan/imagenet128_synthetic.gin"
@@ -316,37 +322,8 @@ def test_mixed_precision_compiles_to_the_same_training(precision, tolerance):
     np.testing.assert_allclose(a, b, rtol=var_tol, atol=var_tol)
 
 
-# -- worker processes ---------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_two_compiled_workers_match_two_graph_replicas(tmp_path):
-  """MultiWorkerMirroredStrategy's ring all-reduce between the compiled pieces of two
-  launched workers trains as one process's uncompiled step (test_multiworker's
-  bindings: its small learning rate keeps the ring's other summation order small)."""
-  from tests import test_multiworker   # pylint: disable=import-outside-toplevel
-  flags = [f"--gin_file={RESNET}", *(f"--gin_bindings={b}" for b in [
-      *test_multiworker.BINDINGS, "small_resnet.norm_layer = @engine.per_replica_batch_norm"])]
-  local = helpers.cli("run", *flags, "--gin_file=configs/topology/local2.gin",
-                      "--gin_bindings=Experiment.jit_compile = False",
-                      f"--workdir={tmp_path / 'graph'}")
-  assert local.returncode == 0, local.stderr[-3000:]
-  launched = helpers.cli("launch", "--workers=2", "--timeout=500", "--", "run", *flags,
-                         "--gin_file=configs/topology/workers.gin",
-                         "--gin_bindings=topology.MultiWorker.workers = 2",
-                         "--gin_bindings=Experiment.jit_compile = True",
-                         f"--workdir={tmp_path / 'xla'}")
-  assert launched.returncode == 0, helpers.failure_report(launched)
-  graph, xla = helpers.result(tmp_path / "graph"), helpers.result(tmp_path / "xla")
-  assert (graph.jit_compile, xla.jit_compile, xla.num_workers) == (False, True, 2)
-  assert xla.hparams["jit_compile"] is True and "jit_compile" not in graph.hparams
-  assert graph.final_step == xla.final_step
-  np.testing.assert_allclose(xla.final_metric, graph.final_metric, atol=1e-2)
-  want = helpers.checkpoint_variables(tmp_path / "graph")
-  got = helpers.checkpoint_variables(tmp_path / "xla")
-  assert want.keys() == got.keys() and len(want) > 10
-  for name, value in want.items():
-    np.testing.assert_allclose(got[name], value, rtol=VARIABLE_TOLERANCE,
-                               atol=VARIABLE_TOLERANCE, err_msg=name)
+# Worker processes: tests/test_multiworker.py launches two compiled workers against the
+# two-replica graph run its per-replica launch compares with (one reference for both).
 
 
 def test_compiled_updates_keep_each_variables_own_slots():

@@ -1,43 +1,99 @@
-"""2 worker processes through `replibench launch` == 2 replicas in one process."""
+"""2 worker processes through `replibench launch` == 2 replicas in one process.
 
+Three launches, each compared with a two-replica run in this process: the config's own
+cross-replica batch norm, the scaling configs' per-replica one, and the per-replica one
+with the step compiled by XLA on the workers (moved here from test_compile so that the
+two per-replica launches share one reference run: compilation recorded, the ring
+all-reduce between compiled pieces, variables within test_compile's tolerance).
+"""
+
+import os
+
+import numpy as np
 import pytest
 
 from tests import helpers
+from tests.test_compile import VARIABLE_TOLERANCE
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 # A small learning rate: the two topologies sum gradients in different orders
 # (ring all-reduce across processes vs. one device), and a tiny BN net at a large
 # rate amplifies that float32 rounding within a few steps. Augmentation stays on:
 # each worker keeps its replica's batches of the one-process input, draws included.
-BINDINGS = [*helpers.TINY[CONFIG], "ImageClassification.base_lr_per_256 = 0.01"]
+# Two blocks, not the tiny config's three, and 200 evaluation images, not 1,000
+# (test_model_parallel_runs' short ResNet): each launched worker traces the replicated
+# step, and what is compared, the same training on either topology, needs no depth.
+BINDINGS = [*helpers.TINY[CONFIG], "ImageClassification.base_lr_per_256 = 0.01",
+            "Experiment.jit_compile = False", "small_resnet.widths = (4, 8)",
+            "small_resnet.blocks_per_stage = (1, 1)", "FashionMNIST.num_eval_examples = 200",
+            "ImageClassification.eval_batch_size = 200"]
 # The config's own cross-replica batch norm, and the scaling configs' per-replica one
 # (whose math depends on which examples each replica gets, not only on the global batch).
 NORMS = {"cross_replica": [],
          "per_replica": ["small_resnet.norm_layer = @engine.per_replica_batch_norm",
                          "Experiment.train_epochs = 0.25"]}
 
+_LOCAL = {}
 
-@pytest.mark.parametrize("norm", sorted(NORMS))
-def test_two_workers_match_two_local_replicas(tmp_path, norm):
+
+def _local_run(tmp_path_factory, norm: str):
+  """The workdir of the two-replica reference for norm, trained in this process on
+  first use (as `replibench run` would: run_experiment; test_cli runs the CLI itself)."""
+  if norm not in _LOCAL:
+    from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
+    from replibench.harness.loop import run_experiment  # pylint: disable=C0415
+    workdir = tmp_path_factory.mktemp(f"local-{norm}")
+    files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
+    run_experiment(load_experiment(files, BINDINGS + NORMS[norm]), str(workdir))
+    _LOCAL[norm] = workdir
+  return _LOCAL[norm]
+
+
+def _launch(workdir, norm: str, *bindings: str):
   flags = [f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in BINDINGS + NORMS[norm])]
-  local = helpers.cli("run", *flags, "--gin_file=configs/topology/local2.gin",
-                      f"--workdir={tmp_path / 'local'}")
-  assert local.returncode == 0, local.stderr[-3000:]
   launched = helpers.cli("launch", "--workers=2", "--timeout=500", "--", "run", *flags,
                          "--gin_file=configs/topology/workers.gin",
                          "--gin_bindings=topology.MultiWorker.workers = 2",
-                         f"--workdir={tmp_path / 'workers'}")
+                         *(f"--gin_bindings={b}" for b in bindings), f"--workdir={workdir}")
   assert launched.returncode == 0, helpers.failure_report(launched)
   assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
-  a, b = helpers.result(tmp_path / "local"), helpers.result(tmp_path / "workers")
+  return launched
+
+
+@pytest.mark.parametrize("norm", sorted(NORMS))
+def test_two_workers_match_two_local_replicas(tmp_path, tmp_path_factory, norm):
+  local = _local_run(tmp_path_factory, norm)
+  launched = _launch(tmp_path / "workers", norm)
+  a, b = helpers.result(local), helpers.result(tmp_path / "workers")
   assert (a.num_replicas, b.num_replicas, b.num_workers) == (2, 2, 2)
   assert b.scaling_kind == "worker_processes"
-  helpers.assert_same_training(tmp_path / "local", tmp_path / "workers")
-  helpers.assert_same_losses(tmp_path / "local", tmp_path / "workers")
+  helpers.assert_same_training(local, tmp_path / "workers")
+  helpers.assert_same_losses(local, tmp_path / "workers")
   if norm == "cross_replica":
     # Its account against the wire (test_network checks the other configs that launch).
     helpers.check_wire_account(launched, tmp_path / "workers")
     assert not list(tmp_path.glob("workers/.scratch-*")), "non-chief scratch checkpoints left"
+
+
+@pytest.mark.slow
+def test_two_compiled_workers_match_two_graph_replicas(tmp_path, tmp_path_factory):
+  """MultiWorkerMirroredStrategy's ring all-reduce between the compiled pieces of two
+  launched workers trains as one process's uncompiled step (the small learning rate
+  above keeps the ring's other summation order small; test_compile's tolerance for
+  variables: XLA may reorder float32 sums, batch norm amplifies it)."""
+  local = _local_run(tmp_path_factory, "per_replica")
+  _launch(tmp_path / "xla", "per_replica", "Experiment.jit_compile = True")
+  graph, xla = helpers.result(local), helpers.result(tmp_path / "xla")
+  assert (graph.jit_compile, xla.jit_compile, xla.num_workers) == (False, True, 2)
+  assert xla.hparams["jit_compile"] is True and "jit_compile" not in graph.hparams
+  assert graph.final_step == xla.final_step
+  np.testing.assert_allclose(xla.final_metric, graph.final_metric, atol=1e-2)
+  want = helpers.checkpoint_variables(local)
+  got = helpers.checkpoint_variables(tmp_path / "xla")
+  assert want.keys() == got.keys() and len(want) > 10
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, rtol=VARIABLE_TOLERANCE,
+                               atol=VARIABLE_TOLERANCE, err_msg=name)
 
 
 def test_a_failing_worker_stops_the_launch(tmp_path):

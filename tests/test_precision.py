@@ -198,7 +198,13 @@ def test_resnet_runs_end_to_end_in_mixed_bfloat16(tmp_path):
   config = "configs/resnet/fashion_mnist.gin"
   files = [os.path.join(helpers.REPO, config),
            os.path.join(helpers.REPO, "configs", "topology", "local2.gin")]
-  overrides = helpers.TINY[config] + ["Experiment.precision = 'mixed_bfloat16'"]
+  # Two blocks and 200 evaluation images (test_model_parallel_runs' short ResNet): the
+  # run checks the harness end to end in bfloat16, not the tiny config's depth.
+  overrides = helpers.TINY[config] + ["Experiment.precision = 'mixed_bfloat16'",
+                                      "small_resnet.widths = (4, 8)",
+                                      "small_resnet.blocks_per_stage = (1, 1)",
+                                      "FashionMNIST.num_eval_examples = 200",
+                                      "ImageClassification.eval_batch_size = 200"]
   result = run_experiment(load_experiment(files, overrides), str(tmp_path))
   assert result.status in ("reached", "budget_exhausted") and result.num_replicas == 2
   assert len(result.curve) >= 2 and all(np.isfinite(m) for _, _, m in result.curve)

@@ -12,10 +12,14 @@ from replibench.config import load_experiment
 from replibench.errors import UserError
 from replibench.harness import profiling, step_split
 from replibench.harness.loop import run_experiment
-from tests import helpers
+from tests import helpers, inprocess_cli
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 TINY = helpers.TINY[CONFIG]
+# The profiled run's model and evaluation: two blocks, 200 images (what the profile
+# must show, the step's convolutions, needs no more).
+SHORT = ["small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)",
+         "FashionMNIST.num_eval_examples = 200", "ImageClassification.eval_batch_size = 200"]
 
 
 class _Recorder(profiling.StepProfiler):
@@ -64,7 +68,7 @@ def test_bad_ranges_are_refused_naming_the_setting(value, culprit):
 
 def test_a_few_step_cpu_run_writes_a_profile_tensorboard_reads(tmp_path):
   experiment = load_experiment([os.path.join(helpers.REPO, CONFIG)],
-                               [*TINY, "Experiment.profile_steps = (2, 3)"])
+                               [*TINY, *SHORT, "Experiment.profile_steps = (2, 3)"])
   result = run_experiment(experiment, str(tmp_path), max_steps=4)
   assert result.profile == results.Profile(
       steps=[2, 3], traced_steps=[2, 3], calls=2, logdir=".",
@@ -92,9 +96,13 @@ def test_a_few_step_cpu_run_writes_a_profile_tensorboard_reads(tmp_path):
     (["--profile_steps=x,2"], "--profile_steps=x,2"),
     (["--profile_steps=5,6", "--max_steps=4"], "--max_steps=4"),
 ])
-def test_the_flag_refuses_bad_ranges_with_exit_2_and_writes_nothing(tmp_path, flags, culprit):
-  run = helpers.cli("run", f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in TINY),
-                    *flags, f"--workdir={tmp_path / 'run'}")
+def test_the_flag_refuses_bad_ranges_with_exit_2_and_writes_nothing(tmp_path, capsys, flags,
+                                                                   culprit):
+  # In this process (tests/inprocess_cli.py): the refusal comes before anything runs,
+  # and what is checked is what the command says, returns and writes.
+  run = inprocess_cli.cli(capsys, "run", f"--gin_file={CONFIG}",
+                          *(f"--gin_bindings={b}" for b in TINY), *flags,
+                          f"--workdir={tmp_path / 'run'}")
   assert run.returncode == 2, run.stderr[-2000:]
   lines = [l for l in run.stderr.splitlines() if l.startswith("replibench run: error:")]
   assert len(lines) == 1 and culprit in lines[0], run.stderr[-2000:]

@@ -12,7 +12,11 @@ sys.path.insert(0, os.path.join(helpers.REPO, "benchmarks"))
 import scaling  # noqa: E402  pylint: disable=wrong-import-position
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
-TINY = scaling.Workload("resnet", CONFIG, 64, 2, tuple(helpers.TINY[CONFIG]))
+# Two blocks and 200 evaluation images (the run's last step evaluates): the ceiling
+# test reads examples/s of two runs at once, not the tiny config's depth.
+TINY = scaling.Workload("resnet", CONFIG, 64, 2, (
+    *helpers.TINY[CONFIG], "small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)",
+    "FashionMNIST.num_eval_examples = 200", "ImageClassification.eval_batch_size = 200"))
 
 
 def test_each_ceiling_run_is_pinned_to_the_cores_its_worker_would_get():
