@@ -1,6 +1,9 @@
 """Gradient buckets (regimes.Sync.bucket_bytes): the exchange overlaps the backward pass
 without changing the math."""
 
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -118,3 +121,16 @@ def _ancestors(op: tf.Operation) -> set:
         seen.add(parent)
         stack.append(parent)
   return seen
+
+
+def test_buckets_give_a_one_core_process_a_second_inter_op_thread():
+  """A worker pinned to one core gets one inter-op thread from TensorFlow, with which a
+  ready bucket collective waits for the whole backward pass (results/scaling/README.md):
+  a Sync regime with buckets asks for two before the runtime starts; without, unchanged."""
+  script = ("import tensorflow as tf; from replibench.engine import regimes; "
+            "regimes.Sync(bucket_bytes={}); "
+            "print(tf.config.threading.get_inter_op_parallelism_threads())")
+  for bucket_bytes, threads in ((131072, "2"), (0, "0")):
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", script.format(bucket_bytes)],
+                         capture_output=True, text=True, check=True, cwd=helpers.REPO)
+    assert out.stdout.strip().splitlines()[-1] == threads

@@ -18,8 +18,11 @@ plan (from the model's tensor sizes) and the run (from the traced tensors)
 both use.
 """
 
+import os
+
 import gin
 import tensorflow as tf
+from absl import logging
 
 from replibench import inputs
 from replibench.engine import aggregation, training_kernels
@@ -27,6 +30,29 @@ from replibench.engine.measure import noise_scale
 from replibench.engine.regimes.step_metrics import StepMetrics
 
 GRADIENTS, STATE = "gradient", "state"   # What a regime sends: see Regime.exchanges.
+
+
+def inter_op_threads_for_buckets() -> None:
+  """Gives this process at least 2 inter-op threads, so that a gradient bucket's
+  collective can start while the backward pass still runs.
+
+  TensorFlow sizes its inter-op pool by the cores the process may use: 1 for a
+  worker pinned to one core. With one thread the executor keeps running the backward
+  chain inline and a ready collective waits in the pool's queue until the chain
+  ends, so buckets hide nothing: measured at 2 one-core workers and 100 Mbit/s, 0.3
+  of 30 ms of exchange ran under compute with 1 thread, 15.5 ms with 2 (step 62 ->
+  52 ms; results/scaling/README.md). The pool can only be sized before TensorFlow's
+  runtime starts; afterwards (an in-process test, a notebook) this logs and leaves it.
+  """
+  threads = tf.config.threading.get_inter_op_parallelism_threads()
+  if (threads or len(os.sched_getaffinity(0))) >= 2:
+    return
+  try:
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+  except RuntimeError:
+    logging.warning("regimes.Sync.bucket_bytes: TensorFlow's runtime already started with "
+                    "one inter-op thread, so the buckets' collectives will wait for the "
+                    "backward pass (set TF_NUM_INTEROP_THREADS=2 before the process starts).")
 
 
 class Regime:
@@ -125,13 +151,16 @@ class Sync(Regime):
     all-reduce after the whole backward pass. On every synchronous path (logical
     replicas, worker processes, a Mesh's data axis); under worker processes each
     bucket is one collective unless topology.MultiWorker.bytes_per_pack splits it
-    further. 0 by default: on the 2-core machine one pack measured at least as fast as
-    32-64 KB packs on loopback (results/scaling/README.md); benchmarks/overlap.py
-    measures bucket sizes on an emulated link.
+    further. 0 by default: at 2 one-core workers 128 KB buckets measured 7.5% slower at
+    1 Gbit/s and 17% faster at 100 Mbit/s (results/scaling/README.md; the suites run on
+    loopback); benchmarks/overlap.py measures bucket sizes on an emulated link. With buckets the process gets at least
+    two inter-op threads (inter_op_threads_for_buckets).
     """
     inputs.number("regimes.Sync.bucket_bytes", bucket_bytes, 0, integer=True)
     self.noise_scale = noise_scale
     self.bucket_bytes = int(bucket_bytes)
+    if self.bucket_bytes:
+      inter_op_threads_for_buckets()
 
   def apply_gradients(self, optimizer, grads, variables):
     return self.apply_gradients_jointly([(optimizer, grads, variables)])
