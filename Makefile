@@ -117,6 +117,10 @@ data:
 # above idle: OVER the 15-minute and 8 GiB budgets (test_compile ~2.5 min, the second
 # batch-norm kind of the worker/replica equivalence, the Keras peer, the ceiling runner);
 # sharing the launched clusters between the tests that read them is the next saving.
+# 2026-11-27 afternoon, same Zen 4, alone, after trimming (shared references, smaller
+# ResNets in the launches) and this session's new tests: 991 passed, 9 skipped in
+# 1,074 s of pytest, 7.7 GiB in use at peak above an idle 0.5 GiB: within 8 GiB, still
+# OVER 15 minutes. REPLIBENCH_TEST_MEMORY_LOG=FILE logs each test's time and memory.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
