@@ -99,7 +99,7 @@ def test_the_probe_runs_beside_the_time_to_target_pairs_and_its_row_judges_throu
   assert outcome.probe["pairs"] == 6 and outcome.probe["judged"] == probe.JUDGED
   assert set(outcome.probe["noise"]) == {"run", *probe.ESTIMATORS}
   assert ab_report.exit_code([outcome]) == 1
-  assert "throughput probe: 6 pairs" in text and "(probe, median)" in text
+  assert "throughput probe: 6 pairs" in text and f"(probe, {probe.JUDGED})" in text
   written = json.load(open(os.path.join(repo, "runs", "ab", "t", ab_report.JSON_FILE)))
   assert written["suites"][0]["probe"]["design"]["processes"] == 3
 
