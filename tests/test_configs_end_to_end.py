@@ -82,3 +82,21 @@ def test_every_config_plans(config):
   # The batch norms the models use, with their one momentum and epsilon, are stated.
   if "fashion_mnist" in plan["workload"] and not plan["workload"].startswith("d4pg"):
     assert "momentum 0.9, epsilon" in plan["batch_norm"], plan["batch_norm"]
+
+
+def test_a_plan_builds_each_model_once_per_precision_and_layout():
+  """make_plan's three readers of the models (check_config, describe, the traced step)
+  share one build inside build_once.shared(); training, outside it, builds anew."""
+  from replibench.engine.model_parallel import layout as layout_lib  # pylint: disable=C0415
+  from replibench.workloads import build_once  # pylint: disable=C0415
+  workload, builds = object(), []
+  make = lambda: builds.append(object()) or builds[-1]  # noqa: E731
+  with build_once.shared():
+    first = build_once.built(workload, "float32", make)
+    assert build_once.built(workload, "float32", make) is first
+    assert build_once.built(workload, "mixed_float16", make) is not first
+    assert build_once.built(object(), "float32", make) is not first
+    with layout_lib.active(object()):
+      assert build_once.built(workload, "float32", make) is not first
+  assert build_once.built(workload, "float32", make) is not first
+  assert len(builds) == 5

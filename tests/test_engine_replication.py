@@ -40,7 +40,9 @@ def _train(build_model, num_replicas):
   def input_fn(ctx):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-    return ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
+    # No autotuning thread: a freed autotuned iterator waits for it (conftest says).
+    return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).with_options(
+        helpers.no_autotune())
 
   def step_fn(batch):
     images, labels = batch
@@ -122,7 +124,7 @@ def test_a_call_holds_one_copy_of_the_replicated_step():
 
   def input_fn(ctx):
     return tf.data.Dataset.range(10**6).map(lambda i: tf.cast(i, tf.float32)).batch(
-        ctx.per_replica_batch_size)
+        ctx.per_replica_batch_size).with_options(helpers.no_autotune())
 
   train = replicator.compile(lambda x: {"loss": tf.reduce_mean(x)}, input_fn, 4,
                              steps_per_call=3)

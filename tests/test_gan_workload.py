@@ -21,6 +21,7 @@ from replibench.harness.loop import run_experiment
 from replibench.workloads.base import TrainSpec
 from replibench.workloads.gan import ConditionalGAN
 from tests import helpers, tiny_runs
+from tests.test_compile import without_autotuning
 
 GLOBAL_BATCH = 8
 N_DIS = 2
@@ -62,8 +63,8 @@ def _train(num_replicas):
                    regime=replicator.regime)
   with replicator.scope():
     workload.build(spec)
-  train = replicator.compile(workload.step_fn, workload.input_fn, GLOBAL_BATCH,
-                             steps_per_call=STEPS)
+  train = replicator.compile(workload.step_fn, without_autotuning(workload.input_fn),
+                             GLOBAL_BATCH, steps_per_call=STEPS)
   return replicator, workload, train()
 
 

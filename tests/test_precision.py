@@ -49,7 +49,8 @@ class _Run:
 
     def input_fn(ctx):
       ds = tf.data.Dataset.from_tensor_slices((x, y))
-      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True)
+      return ds.batch(ctx.per_replica_batch_size, drop_remainder=True).with_options(
+          helpers.no_autotune())   # No autotuning thread for a freed iterator to wait on.
 
     def step_fn(batch):
       images, labels = batch

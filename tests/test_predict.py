@@ -185,6 +185,10 @@ def test_bad_predict_input_exits_2_naming_the_culprit(tmp_path, capsys, case, cu
   assert "Traceback" not in run.stderr and culprit in run.stderr, run.stderr[-2000:]
 
 
+SHORT = ["small_resnet.widths = (4, 8)", "small_resnet.blocks_per_stage = (1, 1)",
+         "FashionMNIST.num_eval_examples = 200", "ImageClassification.eval_batch_size = 200"]
+
+
 @pytest.mark.parametrize("norm", ["cross_replica", "per_replica"])
 def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(
     tmp_path, tmp_path_factory, norm):
@@ -197,7 +201,8 @@ def test_a_two_replica_run_records_the_noise_scale_and_says_when_it_is_biased(
   else:
     files = [os.path.join(helpers.REPO, CONFIG),
              os.path.join(helpers.REPO, "configs/topology/local2.gin")]
-    result = run_experiment(load_experiment(files, [*helpers.TINY[CONFIG], binding]),
+    # Two blocks and 200 evaluation images: the record read here needs no depth.
+    result = run_experiment(load_experiment(files, [*helpers.TINY[CONFIG], binding, *SHORT]),
                             str(tmp_path))
   record = result.noise_scale
   assert record["per_replica_batch"] * 2 == record["global_batch"] == result.global_batch_size

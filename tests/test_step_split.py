@@ -77,7 +77,9 @@ def two_replica_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("two_replicas"))
   experiment = load_experiment(
       [os.path.join(helpers.REPO, CONFIG)],
-      [*helpers.TINY[CONFIG], "Experiment.profile_steps = (2, 3)",
+      # Two blocks, not three: the split needs an exchange, not depth.
+      [*helpers.TINY[CONFIG], "small_resnet.widths = (4, 8)",
+       "small_resnet.blocks_per_stage = (1, 1)", "Experiment.profile_steps = (2, 3)",
        "Experiment.topology = @topology.Local()", "topology.Local.num_replicas = 2",
        "topology.Local.device = 'cpu'"])
   run_experiment(experiment, workdir, max_steps=3)

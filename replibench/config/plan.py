@@ -14,12 +14,19 @@ from replibench.config import model_parallel_plan
 from replibench.config.experiment import Experiment
 from replibench.engine import layers
 from replibench.engine.measure import communication
-from replibench.workloads import precision as precision_lib
+from replibench.workloads import build_once, precision as precision_lib
 from replibench.workloads.base import SYNTHETIC_TIME_TO_TARGET
 
 
 def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
+  # check_models, describe and the traced step read the models' structure alone: one
+  # build serves all three (workloads/build_once.py).
+  with build_once.shared():
+    return _plan(experiment)
+
+
+def _plan(experiment: Experiment) -> dict:
   with layers.recording() as norms:
     experiment.check_models()
   spec, workload, topology = experiment.train_spec(), experiment.workload, experiment.topology

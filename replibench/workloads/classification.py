@@ -18,7 +18,7 @@ import tensorflow as tf
 from replibench import engine, errors, inputs
 from replibench.engine.measure import cost
 from replibench.errors import UserError
-from replibench.workloads import precision
+from replibench.workloads import build_once, precision
 from replibench.workloads.base import TrainSpec, Workload
 from models.resnet import decayed_weights
 
@@ -65,11 +65,17 @@ class ImageClassification(Workload):
   def _optimizer(self, schedule) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(schedule, momentum=self.momentum, nesterov=self.nesterov)
 
+  def _model(self, policy: str) -> keras.Model:
+    """The model under the dtype policy named policy (one build per plan: build_once)."""
+    def make():
+      with precision.policy_scope(policy):
+        return self.model_fn(num_classes=self.data.num_classes)
+    return build_once.built(self, policy, make)
+
   def check_config(self, spec: TrainSpec) -> None:
     name = inputs.shown(self.model_fn)
     try:
-      with precision.policy_scope(spec.precision):
-        model = self.model_fn(num_classes=self.data.num_classes)
+      model = self._model(spec.precision)
     except (ValueError, TypeError) as e:
       raise errors.build_failure(f"ImageClassification.model = {name}", e) from None
     expected = tuple(model.input_shape[1:])
@@ -81,8 +87,7 @@ class ImageClassification(Workload):
   def build(self, spec: TrainSpec) -> None:
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
-    with precision.policy_scope(spec.precision):
-      self.model = self.model_fn(num_classes=self.data.num_classes)
+    self.model = self._model(spec.precision)
     self.schedule = self._schedule(spec)
     self.optimizer = precision.wrap_optimizer(self._optimizer(self.schedule), spec.precision)
     # Keras 3 optimizers must create their slots under the scope, before tracing.
@@ -173,7 +178,7 @@ class ImageClassification(Workload):
             "label_smoothing": self.label_smoothing, "weight_decay": self.weight_decay}
 
   def describe(self, spec: TrainSpec) -> dict:
-    model = self.model_fn(num_classes=self.data.num_classes)
+    model = self._model(keras.config.dtype_policy().name)   # The global policy's.
     forward = cost.forward_flops(model, self.data.image_shape)
     schedule = self._schedule(spec)
     return {

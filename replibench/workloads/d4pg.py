@@ -41,7 +41,7 @@ from replibench.rl import evaluation
 from replibench.rl import placement
 from replibench.rl import replay as replay_lib
 from replibench.rl.feeder import ReplayFeeder
-from replibench.workloads import precision
+from replibench.workloads import build_once, precision
 from replibench.workloads.base import TrainSpec, Workload
 
 
@@ -151,10 +151,16 @@ class D4PG(Workload):
             "Experiment.topology = @topology.Local() with more replicas, or worker "
             "processes (configs/d4pg/learner_scaling.sweep)")
 
+  def _networks(self, policy: str) -> d4pg.D4PGNetworks:
+    """The networks under the dtype policy named policy (one build per plan: build_once)."""
+    def make():
+      with precision.policy_scope(policy):
+        return self._make_networks()
+    return build_once.built(self, policy, make)
+
   def check_config(self, spec: TrainSpec) -> None:
     try:
-      with precision.policy_scope(spec.precision):
-        networks = self._make_networks()
+      networks = self._networks(spec.precision)
     except (ValueError, TypeError) as e:
       raise errors.build_failure("D4PG.networks", e) from None
     hp = networks.hparams
@@ -172,8 +178,7 @@ class D4PG(Workload):
     the actors. Tests drive step_fn on fixed data after this."""
     self.spec = spec
     keras.utils.set_random_seed(spec.seed)
-    with precision.policy_scope(spec.precision):
-      self.networks = self._make_networks()
+    self.networks = self._networks(spec.precision)
     hp = self.networks.hparams
     # global_clipnorm acts on the full gradient: the engine reduces before applying
     # (and, under float16, the loss-scale optimizer unscales before the inner Adam clips).
@@ -402,7 +407,7 @@ class D4PG(Workload):
 
   def describe(self, spec: TrainSpec) -> dict:
     del spec
-    nets = self._make_networks()
+    nets = self._networks(keras.config.dtype_policy().name)   # The global policy's.
     trained = nets.critic_variables + nets.policy_variables
     obs = tf.TensorSpec((1,) + nets.obs_shape, tf.uint8 if nets.pixels else tf.float32)
     action = tf.TensorSpec((1, len(nets.action_low)), tf.float32)

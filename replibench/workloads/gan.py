@@ -44,7 +44,7 @@ from replibench import engine, errors, inputs
 from replibench.engine.measure import cost
 from replibench.errors import UserError
 from replibench.eval import evaluate as evaluate_lib
-from replibench.workloads import precision
+from replibench.workloads import build_once, precision
 from replibench.workloads.base import TrainSpec, Workload
 
 GRID_CLASSES = 10   # Rows of the per-class sample grid (classes evenly spaced).
@@ -101,12 +101,19 @@ class ConditionalGAN(Workload):
     # n_dis times as many real images (n_dis passes over the data).
     return self.data.train_examples()
 
-  def _make_models(self, spec: TrainSpec | None = None):
+  def _build_models(self, policy: str):
     num_classes = self.data.num_classes
-    with precision.policy_scope(spec.precision if spec else precision.FLOAT32):
+    with precision.policy_scope(policy):
       generator = self.generator_fn(num_classes=num_classes, z_dim=self.z_dim)
       discriminator = self.discriminator_fn(num_classes=num_classes)
       build_models(generator, discriminator)
+    return generator, discriminator
+
+  def _make_models(self, spec: TrainSpec | None = None):
+    """G and D under spec's precision (float32 without one); one build per plan
+    (build_once)."""
+    policy = spec.precision if spec else precision.FLOAT32
+    generator, discriminator = build_once.built(self, policy, lambda: self._build_models(policy))
     if tuple(generator.image_shape) != tuple(self.data.image_shape):
       raise UserError(f"The generator makes {generator.image_shape} images but the data "
                       f"source gives {tuple(self.data.image_shape)}; fix the sngan_generator "
