@@ -2,7 +2,8 @@
 and nothing written. Each case is a real `python -m replibench.cli` process, but the
 second and later cases of one kind of bad input file: those run in this process
 (tests/inprocess_cli.py, the same main without a fresh interpreter's start-up), the first
-case of the kind having shown what a real process prints."""
+case of the kind having shown what a real process prints (so does the sweep's check
+of its trials, whose kind a bad sweep file's real-process case shows)."""
 
 import os
 import subprocess
