@@ -54,8 +54,8 @@ def collect_garbage_while_it_is_fresh():
   ~350 s of CPU over ~1,000 tests. So the survivors of each collection are frozen
   (gc.freeze: moved where the collector no longer walks them) and the next test's
   collection walks only what that test made. An object frozen alive that turns
-  to garbage later (a module-scoped run when its module ends) is collected by
-  collect_everything_when_a_module_ends.
+  to garbage later (a module-scoped run when its module ends) is collected when
+  the module ends (pytest_runtest_teardown below).
 
   Then glibc is asked to hand freed heap pages back to the system: the xdist
   workers otherwise keep every test's peak (TensorFlow's many threads each hold a
@@ -70,15 +70,20 @@ def collect_garbage_while_it_is_fresh():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-  """collect_everything_when_a_module_ends: after the last test of a module (here,
-  after its module-scoped fixtures were finalised), unfreezes and collects every
-  object, so what the module's frozen survivors left as garbage is freed before
-  the next module, as the full collection after every test did."""
+  """After the last test of a module, once its module-scoped fixtures are finalised:
+  every object unfrozen and collected, so what the module's frozen survivors left
+  as garbage is freed before the next module runs."""
   yield
-  if nextitem is None or nextitem.module is not item.module:
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+  if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+    _collect_everything()
+
+
+def _collect_everything():
+  gc.unfreeze()
+  gc.collect()
+  gc.freeze()
+  if _LIBC is not None:
+    _LIBC.malloc_trim(0)
 
 
 def _glibc():
