@@ -124,7 +124,8 @@ data:
 # conftest then froze each test's collection survivors (gc.freeze), so the collection
 # after a test walks only what that test made, not every live object (0.35 s a
 # collection with ~690k of them, measured): -0.2 to -0.5 CPU-s a test on four file sets
-# (-n 0, contended, 2026-11-27), about -300 CPU-s over the suite; to be measured alone.
+# (2026-11-27, contended: 303 tests at -n 0, 168 -> 130 CPU-s and 140 -> 79 s for 195
+# tests at -n 2), about -300 CPU-s over the suite; still to be measured alone.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
