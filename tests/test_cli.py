@@ -2,7 +2,8 @@
 and nothing written. Each case is a real `python -m replibench.cli` process, but the
 second and later cases of one kind of bad input file: those run in this process
 (tests/inprocess_cli.py, the same main without a fresh interpreter's start-up), the first
-case of the kind having shown what a real process prints."""
+case of the kind having shown what a real process prints (so does the sweep's check
+of its trials, whose kind a bad sweep file's real-process case shows)."""
 
 import os
 import subprocess
@@ -89,7 +90,9 @@ def test_a_bad_environment_variable_is_named(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_sweep_checks_every_trial_before_running_any(tmp_path):
+def test_sweep_checks_every_trial_before_running_any(tmp_path, capsys):
+  """In this process: what is checked is the sweep's logic (the real-process exit and
+  the absence of TensorFlow's start-up notices are the case-0 tests')."""
   (tmp_path / "s.sweep").write_text(f"""
 gin_files = ["{helpers.REPO}/{CONFIG}"]
 seeds = [1]
@@ -100,7 +103,8 @@ name = "width"
 points = [{{label = "ok", bindings = ["small_resnet.widths = (4, 8, 8)"]}},
           {{label = "bad", bindings = ["small_resnet.widths = 'abc'"]}}]
 """.replace("['", '["').replace("']", '"]').replace("', '", '", "'))
-  run = helpers.cli("sweep", f"--sweep={tmp_path / 's.sweep'}", f"--workdir={tmp_path / 'w'}")
+  run = inprocess_cli.cli(capsys, "sweep", f"--sweep={tmp_path / 's.sweep'}",
+                          f"--workdir={tmp_path / 'w'}")
   line = _one_paragraph_error(run)
   assert "trial bad/seed=1 does not compile" in line and "does not build" in line
   assert not list((tmp_path / "w").rglob("result.json"))   # No trial ran.

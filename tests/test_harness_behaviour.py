@@ -9,7 +9,7 @@ import tensorflow as tf
 from replibench.config import load_experiment
 from replibench.errors import UserError
 from replibench.harness.loop import run_experiment
-from tests import helpers
+from tests import helpers, inprocess_cli
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 TINY = helpers.TINY[CONFIG]
@@ -79,19 +79,25 @@ def test_missing_gin_file_is_named():
     load_experiment(["nope.gin"], [])
 
 
-def test_cli_exit_codes(tmp_path):
-  """One subprocess each: user error exits 2 (one paragraph, no result); a NaN loss ends
-  the run as diverged, with no time or steps to target, and exits 3."""
-  bad = helpers.cli("run", f"--gin_file={CONFIG}", "--gin_bindings=Experiment.seed = 'x'",
-                    f"--workdir={tmp_path / 'bad'}")
+def test_cli_exit_codes(tmp_path, capsys):
+  """`replibench run`'s exit codes: user error exits 2 (one paragraph, no result); a NaN
+  loss ends the run as diverged, with no time or steps to target, and exits 3.
+
+  In this process (inprocess_cli): the codes are what cli.main returns, and that the
+  entry point exits a real process with main's code is test_cli's (its real-process
+  cases, e.g. test_broken_gin_files_exit_2_with_one_paragraph[0-...], a `run` whose
+  config fails the same way as the bad binding here)."""
+  bad = inprocess_cli.cli(capsys, "run", f"--gin_file={CONFIG}",
+                          "--gin_bindings=Experiment.seed = 'x'", f"--workdir={tmp_path / 'bad'}")
   assert bad.returncode == 2, bad.stderr[-2000:]
   assert "Experiment.seed" in bad.stderr and "Traceback" not in bad.stderr
   assert not (tmp_path / "bad" / "result.json").exists()
 
-  diverged = helpers.cli("run", f"--gin_file={CONFIG}", *(f"--gin_bindings={b}" for b in TINY),
-                         "--gin_bindings=ImageClassification.base_lr_per_256 = 1e30",
-                         "--gin_bindings=ImageClassification.warmup_epochs = 0",
-                         f"--workdir={tmp_path / 'nan'}")
+  diverged = inprocess_cli.cli(capsys, "run", f"--gin_file={CONFIG}",
+                               *(f"--gin_bindings={b}" for b in TINY),
+                               "--gin_bindings=ImageClassification.base_lr_per_256 = 1e30",
+                               "--gin_bindings=ImageClassification.warmup_epochs = 0",
+                               f"--workdir={tmp_path / 'nan'}")
   assert diverged.returncode == 3, diverged.stderr[-2000:]
   result = helpers.result(tmp_path / "nan")
   assert result.status == "diverged"
