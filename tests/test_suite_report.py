@@ -71,6 +71,11 @@ def test_write_report_makes_json_markdown_and_pngs(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   md = open(paths["markdown"]).read()
   assert "| replicas=2 |" in md and "](throughput.png)" in md
+  # Every trial under the table: the unconverged seed has no time to target.
+  trials = md.split("## Every trial")[1].split("##")[0]
+  assert sum(line.startswith("| workers=2 | 1 |") for line in trials.splitlines()) == 1
+  assert [line for line in trials.splitlines()
+          if line.startswith("| workers=2 | 1 |")][0].split(" | ")[3] == "-"
   assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
   again = load_report(paths["json"])
   assert again.config("workers=2").seeds[0].time_to_target_s is None

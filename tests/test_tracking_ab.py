@@ -72,9 +72,14 @@ def test_trials_run_interleaved_abba_from_each_revisions_checkout(repo):
   runner = fakes.FakeRunner()
   (outcome,), _ = _ab(repo, good, "HEAD", runner=runner, rounds=2)
   assert len(outcome.pairs) == 12 and len(runner.calls) == 24
-  first = [label for label, _, _ in runner.calls[::2]]
-  assert first[:4] == ["base", "head", "base", "head"]        # the leader alternates ...
-  assert first[6:10] == ["head", "base", "head", "base"]      # ... and flips each round
+  first = [(label, name) for label, name, _ in runner.calls[::2]]
+  leaders = {}
+  for label, name in first[:6]:
+    leaders.setdefault(name.split("/")[0], []).append(label)
+  assert len(leaders) > 1 and all(set(v) == {"base", "head"} for v in leaders.values())
+  flip = {"base": "head", "head": "base"}                     # each configuration's leader
+  assert first[6:] == [(flip[label], name) for label, name in first[:6]]  # alternates, and
+  # flips each round
   for label, name, trial_dir in runner.calls:
     assert f"/fake/{label}/{name}/round=" in trial_dir
   assert _row(outcome, "examples_per_s").verdict == "improvement"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from replibench.tracking import paired, verdicts
+from replibench.tracking import ab, paired, verdicts
 
 PAIRS = 21                    # ResNet's default design: 3 configurations x 7 seeds
 ORDERS = ["AB" if i % 2 == 0 else "BA" for i in range(PAIRS)]
@@ -75,12 +75,27 @@ def test_rounds_enter_the_model_when_the_design_separates_them_from_the_order():
   plain = _coverage_and_width(lambda x: paired.estimate(x), orders=orders, rounds=rounds,
                               round_shift=0.1, seed=3, runs=1000)
   assert width < plain[1]
-  # One trial over 4 rounds: its order alternates with the round, so only the order is
+  # One trial over 8 rounds: its order alternates with the round, so only the order is
   # modelled; one order only, or too few pairs: the plain interval.
-  assert paired.order_estimate(np.arange(4.0), ["AB", "BA", "AB", "BA"], [0, 1, 2, 3]).model \
+  assert paired.order_estimate(np.arange(8.0), ["AB", "BA"] * 4, list(range(8))).model \
       == "order"
-  assert paired.order_estimate(np.arange(4.0), ["AB"] * 4).model == "paired"
-  assert paired.order_estimate(np.arange(3.0), ["AB", "BA", "AB"]).model == "paired"
+  assert paired.order_estimate(np.arange(8.0), ["AB"] * 8).model == "paired"
+  assert paired.order_estimate(np.arange(7.0), ["AB", "BA"] * 3 + ["AB"]).model == "paired"
+
+
+def test_a_small_design_keeps_its_degrees_of_freedom():
+  """D4PG's 4 pairs of a real 10% slowdown (examples/s head/base, 2026-11-27, 5c823dc
+  against Experiment.inject_slowdown = 0.1): with the order in the model (2 residual
+  degrees of freedom) the interval crossed 1 and the slowdown passed; the plain
+  interval, which the design keeps valid, calls it."""
+  ratios, orders = [0.927, 0.893, 0.913, 0.937], ["AB", "BA", "AB", "BA"]
+  est, verdict = paired.judge([1.0] * 4, ratios, lower_is_better=False, min_effect=0.05,
+                              level=paired.bonferroni(0.95, 4), orders=orders)
+  assert est.model == "paired" and est.high < 1 and verdict == paired.REGRESSION
+  for pairs in (4, 6):      # D4PG's and SN-GAN's designs
+    orders = ["AB", "BA"] * (pairs // 2)
+    assert paired.order_estimate(np.zeros(pairs) + 0.01 * np.arange(pairs), orders).model \
+        == "paired"
 
 
 def test_the_order_model_gains_power_at_the_measured_order_effect():
@@ -137,3 +152,18 @@ def test_reaching_the_target_counts_in_the_family():
   est = lambda judged: verdicts.rows(pairs, judged, True)[-1].estimate  # noqa: E731
   assert est(["examples_per_s"]).level == pytest.approx(0.95)
   assert est(["converged", "examples_per_s"]).level == pytest.approx(0.975)
+
+
+def test_every_configuration_runs_both_orders():
+  """With two configurations, alternating by position made the order the configuration
+  (D4PG: replicas=1 always base first); now each configuration alternates by seed."""
+  names = [f"{c}/seed={s}" for s in (1, 2) for c in ("replicas=1", "workers=2")]
+  plan = ab.schedule(names, rounds=1)
+  by_config = {}
+  for _, name, order in plan:
+    by_config.setdefault(name.split("/")[0], []).append(order)
+  assert by_config == {"replicas=1": ["AB", "BA"], "workers=2": ["BA", "AB"]}
+  # Three configurations (ResNet's, SN-GAN's): the same order as by position.
+  names = [f"c{c}/seed={s}" for s in (1, 2, 3, 4) for c in range(3)]
+  assert [o for _, _, o in ab.schedule(names, 2)] == \
+      ["AB" if (r + i) % 2 == 0 else "BA" for r in range(2) for i in range(12)]

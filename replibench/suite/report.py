@@ -276,9 +276,25 @@ def format_markdown(report: Report, images: dict[str, str]) -> str:
            "|" + "|".join("---" for _ in table_header(report)) + "|"]
   lines += ["| " + " | ".join(r).replace("*", r"\*") + " |" for r in table_rows(report)]
   lines += [""] + [n.replace("*", r"\*") + "  " for n in _notes(report)] + [""]
+  lines += _trial_lines(report)
   for title, file in images.items():
     lines += [f"## {title}", "", f"![{title}]({file})", ""]
   return "\n".join(lines)
+
+
+def _trial_lines(report: Report) -> list[str]:
+  """report.md's every trial: the seeds behind each row's mean (time to target in s of
+  the timed span; steps to target; examples/s; the last evaluation)."""
+  fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+  lines = ["## Every trial", "",
+           "| config | seed | status | time to target (s) | steps to target | examples/s | "
+           "final metric |", "|---|---|---|---|---|---|---|"]
+  for row in report.configs:
+    for s in sorted(row.seeds, key=lambda s: s.seed):
+      lines.append(f"| {row.config} | {s.seed} | {s.status} | {fmt(s.time_to_target_s, '.1f')} "
+                   f"| {fmt(s.steps_to_target, ',.0f')} | {fmt(s.examples_per_s, ',.0f')} | "
+                   f"{fmt(s.final_metric, '.4g')} |")
+  return lines + [""]
 
 
 def write_report(report: Report, out_dir: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 from replibench import results
 from replibench.errors import UserError
+from replibench.suite import report
 from replibench.suite import sweep as sweep_lib
 from replibench.suite import sweep_file
 from replibench.suite.sweep_file import Trial
@@ -149,9 +150,23 @@ def _judged(sweep: sweep_file.Sweep, options: Options) -> list[str]:
 
 
 def schedule(names: Sequence[str], rounds: int) -> list[tuple[int, str, str]]:
-  """(round, trial name, order) in run order: ABBA, alternating by pair and by round."""
-  return [(r, name, "AB" if (r + i) % 2 == 0 else "BA")
-          for r in range(rounds) for i, name in enumerate(names)]
+  """(round, trial name, order) in run order: ABBA, alternating from configuration to
+  configuration, within each configuration from seed to seed, and by round.
+
+  Alternating by position alone made the order the configuration wherever a design has
+  an even number of them (D4PG's replicas=1 always base first, workers=2 always head
+  first), so an order effect could not be told from the configuration's own ratio. With
+  an odd number of configurations, seed-major, this is the same order as by position.
+  """
+  out = []
+  configs: dict[str, int] = {}
+  for r in range(rounds):
+    seen: dict[int, int] = {}
+    for name in names:
+      c = configs.setdefault(report.config_name(name), len(configs))
+      k = seen[c] = seen.get(c, -1) + 1
+      out.append((r, name, "AB" if (r + c + k) % 2 == 0 else "BA"))
+  return out
 
 
 def _outcome(trial_dir: str) -> tuple[verdicts.Side, results.RunResult | None]:

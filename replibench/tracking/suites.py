@@ -70,13 +70,12 @@ SUITES = {s.name: s for s in (
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
     # Time and learner steps to return 500 on cartpole-balance, and learner examples/s
     # (the sweep's judge list). 4 pairs (one process and two worker processes, seeds 1
-    # and 2), estimated 5-10 min: a trial now trains to the target (~1,500-3,000
-    # learner steps, ~0.5-1.5 min) instead of a fixed 1,000 steps (6 pairs took
-    # 4.7-5.0 min). Not yet measured; the noise of time to target is the seed's and
-    # the asynchronous actors' (a seed's runs differ by whole evaluations of 250
-    # steps), so far above examples/s's ~6% a pair: expect these 4 pairs to catch
-    # large losses in time to target only, and examples/s to stay the sensitive row
-    # (--configs=all adds replicas=2).
+    # and 2): 5.7-6.2 min measured (2026-11-27). Time to target moves ~0.5 a pair on
+    # the log scale (a seed's runs need 1,500-4,000 learner steps: the actors are
+    # asynchronous), so it catches only large losses; examples/s (0.044 a pair) is the
+    # sensitive row: a 10% loss caught in ~50% of runs at 4 pairs, 92% at 6
+    # (--configs=all adds replicas=2). results/tracking/README.md, "D4PG judged on
+    # time to target".
     Suite("d4pg", "configs/d4pg/learner_scaling.sweep", rounds=1,
           configs=("replicas=1", "workers=2")),
 )}
