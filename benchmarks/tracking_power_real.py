@@ -233,18 +233,34 @@ def run_line(kind: str, target: float, k: int, base: str, head: str, run: dict) 
   return {"kind": kind, "target": target_key(target), "k": k, "verdict": verdict,
           "judged": {"metric": judged[0], **judged[1]} if judged else None, "rows": compact,
           "failed": failed, "commit": base, "head": head, "exit_code": run["exit_code"],
-          "minutes": run["minutes"], "suite": run["ab"]["suites"][0]["suite"], **_stamp()}
+          "minutes": run["minutes"], "suite": run["ab"]["suites"][0]["suite"],
+          "design": design_key(run["ab"]["suites"][0]["suite"]), **_stamp()}
 
 
-def counted(lines: list[dict], fingerprint: str, kind: str, target: str, k: int) -> int:
-  """Runs of this machine, kind, target and K already in the ledger (failed ones aside)."""
+def design_key(suite: str) -> str:
+  """The suite's default A/B design as the ledger records it (suites.SUITES): runs of
+  one design are counted together, so changing the design starts a new count."""
+  s = suites.SUITES[suite]
+  seeds = ",".join(map(str, s.seeds)) if s.seeds else "the sweep's"
+  probe_text = (f"; probe {s.probe.processes} processes x "
+                f"{','.join(s.probe.configs or ('the A/B configs',))}, {s.probe.steps} steps"
+                if s.probe else "")
+  return (f"{','.join(s.configs) if s.configs else 'all configs'} x seeds {seeds} x "
+          f"{s.rounds} round(s){probe_text}")
+
+
+def counted(lines: list[dict], fingerprint: str, kind: str, target: str, k: int,
+            design: str) -> int:
+  """Runs of this machine, kind, target, K and design already in the ledger (failed
+  ones aside)."""
   return sum(line.get("machine") == fingerprint and line.get("kind") == kind
              and line.get("target") == target and line.get("k") == k
+             and line.get("design") == design
              and line.get("verdict") != "failed" for line in lines)
 
 
 def plan(lines: list[dict], fingerprint: str, targets: list[float], n_runs: int,
-         n_aa: int) -> list[tuple[str, str, int, str, str, int]]:
+         n_aa: int, design: str) -> list[tuple[str, str, int, str, str, int]]:
   """(kind, target, K, base, head, runs left) for this machine: A/A first, then each
   target; a SystemExit when a target has no calibration here."""
   cals = calibrations(lines, fingerprint)
@@ -254,10 +270,11 @@ def plan(lines: list[dict], fingerprint: str, targets: list[float], n_runs: int,
                      f"{', '.join(missing)} in the ledger: run `calibrate` first.")
   chosen = [cals[target_key(t)] for t in targets]
   base = chosen[-1]["commit"] if chosen else tracking_power.git("rev-parse", "HEAD")
-  out = [("aa", "0", 0, base, base, n_aa - counted(lines, fingerprint, "aa", "0", 0))]
+  out = [("aa", "0", 0, base, base, n_aa - counted(lines, fingerprint, "aa", "0", 0, design))]
   for c in chosen:
     out.append(("slowdown", c["target"], c["k"], c["commit"], c["head"],
-                n_runs - counted(lines, fingerprint, "slowdown", c["target"], c["k"])))
+                n_runs - counted(lines, fingerprint, "slowdown", c["target"], c["k"],
+                                 design)))
   return out
 
 
@@ -274,7 +291,8 @@ def slow_head(base: str, head: str, k: int) -> str:
 def runs(args, ab_runner=ab_run) -> int:
   fingerprint = machine.fingerprint()
   targets = [float(t) for t in args.targets.split(",")] if args.targets else []
-  todo = plan(read_ledger(args.ledger), fingerprint, targets, args.runs, args.aa_runs)
+  todo = plan(read_ledger(args.ledger), fingerprint, targets, args.runs, args.aa_runs,
+              design_key(args.suite))
   for kind, target, k, base, head, left in todo:
     if left <= 0:
       print(f"{kind} {target}: done on this machine", flush=True)
@@ -322,13 +340,14 @@ def report(lines: list[dict], markdown: bool = False) -> str:
     cals = calibrations(mine, fp)
     out.append(f"{'## ' if markdown else ''}machine {fp}")
     out.append("| kind | target | K (measured cost) | called a regression | goal | failed | "
-               "minutes (median) | judged row: ratio [interval] of each run |")
-    out.append("|---|---|---|---|---|---|---|---|")
+               "minutes (median) | judged row: ratio [interval] of each run | design |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     groups: dict[tuple, list[dict]] = {}
     for line in mine:
       if line.get("kind") in ("aa", "slowdown"):
-        groups.setdefault((line["kind"], line["target"], line["k"]), []).append(line)
-    for (kind, target, k), group in groups.items():
+        groups.setdefault((line["kind"], line["target"], line["k"], line.get("design")),
+                          []).append(line)
+    for (kind, target, k, design), group in groups.items():
       ok = [g for g in group if g["verdict"] != "failed"]
       called = sum(g["verdict"] == "regression" for g in ok)
       _, need, of = GOALS.get("aa" if kind == "aa" else target, (None, None, None))
@@ -343,7 +362,8 @@ def report(lines: list[dict], markdown: bool = False) -> str:
       intervals = "; ".join(_interval(g) + (" R" if g["verdict"] == "regression" else "")
                             for g in ok)
       out.append(f"| {kind} | {target if kind != 'aa' else '-'} | {cost} | {word} {called} of "
-                 f"{len(ok)} | {goal} | {len(group) - len(ok)} | {median} | {intervals} |")
+                 f"{len(ok)} | {goal} | {len(group) - len(ok)} | {median} | {intervals} | "
+                 f"{design or '-'} |")
     commits = sorted({line.get("commit", "")[:10] for line in mine})
     out.append(f"(base commit(s) {', '.join(commits)}; R: a regression called)")
     out.append("")

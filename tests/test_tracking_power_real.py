@@ -135,3 +135,15 @@ def test_the_report_gives_each_machines_power_table(script, tmp_path, ledger):
   assert "| slowdown | 0.1 | 12 (9.8%) | caught 2 of 2 | >= 9 of 10 | 1 | 13.0 |" in a
   assert "0.900 [0.860, 0.940] R" in a
   assert "alarms 1 of 1" in b and "0.930 [0.900, 0.960] R" in b
+
+
+def test_a_new_design_starts_a_new_count(script, tmp_path, ledger, monkeypatch):
+  """Runs of the suite's earlier default design are kept and reported, not counted
+  towards the current design's."""
+  script.runs(_args(tmp_path, runs=0, aa_runs=2), ab_runner=FakeAB())
+  monkeypatch.setattr(script, "design_key", lambda suite: "a smaller design")
+  fake = FakeAB()
+  script.runs(_args(tmp_path, runs=0, aa_runs=2), ab_runner=fake)
+  assert len(fake.calls) == 2
+  text = script.report(script.read_ledger(ledger))
+  assert text.count("alarms 0 of 2") == 2 and "| a smaller design |" in text

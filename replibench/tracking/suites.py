@@ -54,17 +54,15 @@ class Suite:
 
 SUITES = {s.name: s for s in (
     # One process, logical replicas and worker processes (--configs=all adds the
-    # sweep's replicas=4 and workers=1). Time to target and steps to target from 4 seeds
-    # x 3 configurations = 12 pairs (time to target moves ~9% a pair; steps are exact
+    # sweep's replicas=4 and workers=1). Time to target and steps to target from 3 seeds
+    # x 3 configurations = 9 pairs (time to target moves ~9-12% a pair; steps are exact
     # for a seed); examples/s from the probe: replicas=1 and workers=2, 4 processes a
     # side each of 300 steps (15 windows of 20, 3 of warm-up) = 8 pairs.
-    # Estimated, not timed (the measured 21 pairs took 12.7 min, 18 s a trial): 24
-    # trials x 18 s = 7.2 min, and 16 probe processes x ~24 s (a trial's ~11 s of
-    # start-up and evaluation, 300 steps at ~5,000 examples/s of batch 256: ~15 s)
-    # = 6.4 min: ~13.6 min of the 15, `make bench-ab` ~26.5 of its 30 (25.6 measured
-    # with the 21-pair design). results/tracking/README.md: the design and its power.
+    # Timed (2026-11-27, Zen 4, A/A): with 4 seeds (12 pairs) 15.7 min, the 24 trials
+    # 8.5 min and the probe's 16 processes 7.2: over the 15. 3 seeds drop 6 trials
+    # (~2.1 min): ~13.6 min. results/tracking/README.md: the design and its power.
     Suite("resnet", "configs/resnet/scaling.sweep", rounds=1,
-          configs=("replicas=1", "replicas=2", "workers=2"), seeds=tuple(range(1, 5)),
+          configs=("replicas=1", "replicas=2", "workers=2"), seeds=tuple(range(1, 4)),
           probe=ProbeDesign(processes=4, steps=300, configs=("replicas=1", "workers=2"))),
     # 6 pairs, ~9 min: time to target moves ~5% a pair (examples/s ~9%).
     Suite("sngan", "configs/sngan/batch_scaling.sweep", rounds=1),
