@@ -1,5 +1,6 @@
 """Shared helpers for the end-to-end tests: tiny overrides and reading run outputs."""
 
+import functools
 import glob
 import json
 import os
@@ -87,6 +88,15 @@ def no_autotune():
   options = tf.data.Options()
   options.autotune.enabled = False
   return options
+
+
+def without_autotuning(input_fn):
+  """input_fn's pipelines without tf.data's autotuning thread (no_autotune: a freed
+  autotuned iterator waits for it, seconds per test); its engine marks kept."""
+  @functools.wraps(input_fn)
+  def pipeline(ctx):
+    return input_fn(ctx).with_options(no_autotune())
+  return pipeline
 
 
 def random_images(n: int) -> tuple:

@@ -21,7 +21,6 @@ The regime and precision tests below state their own measured differences.
 """
 
 import dataclasses
-import functools
 import json
 
 import keras
@@ -58,15 +57,6 @@ def _experiment(gin_file: str, bindings: list[str], jit) -> config.Experiment:
                                              f"Experiment.jit_compile = {jit!r}"])
 
 
-def without_autotuning(input_fn):
-  """input_fn's pipelines without tf.data's autotuning thread (helpers.no_autotune: a
-  freed autotuned iterator waits for it, seconds per test); its engine marks kept."""
-  @functools.wraps(input_fn)
-  def pipeline(ctx):
-    return input_fn(ctx).with_options(helpers.no_autotune())
-  return pipeline
-
-
 def _train(gin_file: str, bindings: list[str], jit: bool) -> tuple[list, list]:
   """STEPS steps, one a call: (the losses of each step, every variable after them)."""
   experiment = _experiment(gin_file, bindings, jit)
@@ -77,7 +67,8 @@ def _train(gin_file: str, bindings: list[str], jit: bool) -> tuple[list, list]:
   try:
     with replicator.scope():
       workload.build(spec)
-    train = replicator.compile(workload.step_fn, without_autotuning(workload.input_fn), spec)
+    train = replicator.compile(workload.step_fn, helpers.without_autotuning(workload.input_fn),
+                               spec)
     losses = [train()["loss"] for _ in range(STEPS)]
     items = workload.checkpoint_items()
     variables = [np.array(v.numpy()) for item in items.values()

@@ -21,7 +21,6 @@ from replibench.harness.loop import run_experiment
 from replibench.workloads.base import TrainSpec
 from replibench.workloads.gan import ConditionalGAN
 from tests import helpers, tiny_runs
-from tests.test_compile import without_autotuning
 
 GLOBAL_BATCH = 8
 N_DIS = 2
@@ -63,7 +62,7 @@ def _train(num_replicas):
                    regime=replicator.regime)
   with replicator.scope():
     workload.build(spec)
-  train = replicator.compile(workload.step_fn, without_autotuning(workload.input_fn),
+  train = replicator.compile(workload.step_fn, helpers.without_autotuning(workload.input_fn),
                              GLOBAL_BATCH, steps_per_call=STEPS)
   return replicator, workload, train()
 
