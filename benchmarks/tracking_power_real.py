@@ -242,9 +242,11 @@ def design_key(suite: str) -> str:
   one design are counted together, so changing the design starts a new count."""
   s = suites.SUITES[suite]
   seeds = ",".join(map(str, s.seeds)) if s.seeds else "the sweep's"
+  # The probe's pooling is part of the design: its pairs judged by another rule are
+  # another test (probe.TRIMMED; the ledger's first runs pooled by the order model).
   probe_text = (f"; probe {s.probe.processes} processes x "
                 f"{','.join(s.probe.configs or ('the A/B configs',))}, {s.probe.steps} steps"
-                if s.probe else "")
+                f"{', trimmed' if probe.TRIMMED else ''}" if s.probe else "")
   return (f"{','.join(s.configs) if s.configs else 'all configs'} x seeds {seeds} x "
           f"{s.rounds} round(s){probe_text}")
 

@@ -167,3 +167,55 @@ def test_every_configuration_runs_both_orders():
   names = [f"c{c}/seed={s}" for s in (1, 2, 3, 4) for c in range(3)]
   assert [o for _, _, o in ab.schedule(names, 2)] == \
       ["AB" if (r + i) % 2 == 0 else "BA" for r in range(2) for i in range(12)]
+
+
+def _slowed_processes(rng, effect, pairs, orders=None, gap=0.0):
+  """The probe's measured noise shape (results/tracking/README.md): most pairs within
+  2-3% (sd 0.02), one in ten off by 10-30% either way (a process the machine slowed)."""
+  e = rng.normal(0.0, 0.02, pairs)
+  bad = rng.random(pairs) < 0.1
+  e[bad] = rng.choice([-1.0, 1.0], bad.sum()) * rng.uniform(0.1, 0.3, bad.sum())
+  if orders is not None:
+    e += gap * np.array([0.5 if o == "AB" else -0.5 for o in orders])
+  return math.log(effect) + e
+
+
+def test_the_trimmed_interval_is_yuens():
+  from scipy.stats import mstats
+  logs = np.random.default_rng(3).normal(0.0, 0.03, 10)
+  est = paired.trimmed_estimate(logs, 0.95)
+  low, high = mstats.trimmed_mean_ci(logs, limits=(0.2, 0.2), alpha=0.05)
+  assert est.model == "trimmed"
+  assert math.log(est.ratio) == pytest.approx(float(mstats.trimmed_mean(logs, (0.2, 0.2))))
+  assert (math.log(est.low), math.log(est.high)) == pytest.approx((low, high))
+  # Nothing to cut under 5 pairs: the plain interval.
+  assert paired.trimmed_estimate(logs[:4], 0.95) == paired.estimate(logs[:4], 0.95)
+
+
+def test_the_trimmed_interval_leaves_a_slowed_process_out_and_keeps_its_coverage():
+  rng = np.random.default_rng(0)
+  hits, trimmed_w, mean_w = 0, [], []
+  for _ in range(2000):
+    logs = _slowed_processes(rng, 0.95, 8)
+    est, plain = paired.trimmed_estimate(logs, 0.95), paired.estimate(logs, 0.95)
+    hits += est.low <= 0.95 <= est.high
+    trimmed_w.append(math.log(est.high / est.low))
+    mean_w.append(math.log(plain.high / plain.low))
+  assert hits / 2000 >= 0.93
+  assert np.median(trimmed_w) < 0.6 * np.median(mean_w)
+
+
+def test_the_trimmed_interval_models_the_order_where_it_has_the_pairs():
+  orders12 = ORDERS[:12]
+  rng = np.random.default_rng(1)
+  hits, gaps = 0, []
+  for _ in range(1000):
+    est = paired.trimmed_estimate(_slowed_processes(rng, 0.95, 12, orders12, math.log(1.08)),
+                                  0.95, orders=orders12)
+    assert est.model == "trimmed+order"
+    hits += est.low <= 0.95 <= est.high
+    gaps.append(est.order_effect)
+  assert hits / 1000 >= 0.93 and np.median(gaps) == pytest.approx(1.08, rel=0.01)
+  # 8 pairs: the order would leave 4 degrees of freedom (< ORDER_DF), so it stays out.
+  est = paired.trimmed_estimate(_slowed_processes(rng, 0.95, 8), 0.95, orders=ORDERS[:8])
+  assert est.model == "trimmed" and est.order_effect is None

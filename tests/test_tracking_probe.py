@@ -113,7 +113,14 @@ def test_identical_code_with_an_order_effect_is_no_regression(repo, tmp_path):
   outcome = probe.run(fakes.SUITE, sides, str(tmp_path / "aa"), ab.Options(), DESIGN,
                       trial_runner=WindowRunner(order=1.08), log=lambda line: None)
   assert all(r.verdict != paired.REGRESSION for r in outcome.rows)
-  assert outcome.rows[0].estimate.model == "order"
+  # 8 pairs: Yuen's trimmed interval, the order left to ABBA's balance.
+  assert outcome.rows[0].estimate.model == "trimmed" and "Yuen" in outcome.rows[0].note
+  six = probe.Design(processes=6, steps=100, window_steps=10, warmup_windows=2)
+  outcome = probe.run(fakes.SUITE, sides, str(tmp_path / "aa12"), ab.Options(), six,
+                      trial_runner=WindowRunner(order=1.08), log=lambda line: None)
+  # 12 pairs: the order enters the trimmed estimate.
+  assert all(r.verdict != paired.REGRESSION for r in outcome.rows)
+  assert outcome.rows[0].estimate.model == "trimmed+order"
   assert outcome.rows[0].estimate.order_effect == pytest.approx(1.08 ** 2, rel=0.05)
 
 
@@ -130,3 +137,23 @@ def test_the_runner_adds_max_steps_to_the_trials_command(repo, tmp_path, monkeyp
   os.makedirs(tmp_path / "t")
   assert probe.runner(300)(base, trial, str(tmp_path / "t")) == 0
   assert seen[0][-1] == "--max_steps=300" and "run" in seen[0]
+
+
+def test_probe_power_reads_the_pairs_an_ab_wrote(repo, tmp_path):
+  """benchmarks/probe_power.py resamples the pairs of A/A runs: it must read back from an
+  A/B's directories the pairs the A/B judged, with their order."""
+  import importlib.util
+  from tests import helpers
+  spec = importlib.util.spec_from_file_location(
+      "probe_power", os.path.join(helpers.REPO, "benchmarks", "probe_power.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  outcome = probe.run(fakes.SUITE, _sides(repo, "HEAD", "HEAD"), str(tmp_path / "aa"),
+                      ab.Options(), DESIGN, trial_runner=WindowRunner(), log=lambda line: None)
+  configs = list(dict.fromkeys(p.config for p in outcome.pairs))   # the sweep's order
+  read = script.from_ab_dir(str(tmp_path / "aa"), DESIGN, configs)
+  judged = sorted((math.log(p.head.metrics[DESIGN.judged] / p.base.metrics[DESIGN.judged]),
+                   p.order) for p in outcome.pairs)
+  assert len(read) == 8
+  assert [o for _, o in sorted(read)] == [o for _, o in judged]
+  assert [x for x, _ in sorted(read)] == pytest.approx([x for x, _ in judged])

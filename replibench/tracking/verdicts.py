@@ -95,13 +95,22 @@ def _describe(values: list[float]) -> str:
 
 
 def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
-               min_effect: float, level: float, label: str) -> Row:
+               min_effect: float, level: float, label: str, trimmed: bool = False) -> Row:
+  """One metric's row over these pairs; trimmed: Yuen's trimmed interval (the
+  throughput probe's rows, paired.trimmed_estimate) instead of the order model."""
   base, head, kept = _values(pairs, metric)
   est, verdict = paired.judge(base, head, lower_is_better, min_effect, level,
-                              orders=[p.order for p in kept], rounds=[p.round for p in kept])
+                              orders=[p.order for p in kept], rounds=[p.round for p in kept],
+                              trimmed=trimmed)
   note = "" if est is not None else "no pair with a value on both sides"
   if est is not None and est.low is None:
     note = "one pair: no interval, no verdict (run more rounds or seeds)"
+  elif est is not None and est.model.startswith("trimmed"):
+    cut = int(paired.TRIM * est.n)
+    note = (f"trimmed mean: the {cut} highest and {cut} lowest of {est.n} pair ratios left "
+            f"out (Yuen)")
+    if est.order_effect is not None:
+      note += f"; order effect {est.order_effect:.3f} modelled"
   elif est is not None and est.order_effect is not None and abs(est.order_effect - 1) >= 0.02:
     note = (f"order effect {est.order_effect:.3f} (ratio when base ran first / when head "
             f"ran first), modelled")
