@@ -219,3 +219,21 @@ def test_the_trimmed_interval_models_the_order_where_it_has_the_pairs():
   # 8 pairs: the order would leave 4 degrees of freedom (< ORDER_DF), so it stays out.
   est = paired.trimmed_estimate(_slowed_processes(rng, 0.95, 8), 0.95, orders=ORDERS[:8])
   assert est.model == "trimmed" and est.order_effect is None
+
+
+def test_a_no_change_that_could_not_see_a_loss_says_so():
+  """An interval too wide to exclude a loss beyond the minimum effect is "no change" with
+  a note that says it could not tell (and the A/B's summary counts it)."""
+  rng = np.random.default_rng(5)
+  def row(noise):
+    pairs = [verdicts.Pair("c", s, 0, "AB" if s % 2 else "BA",
+                           verdicts.Side("reached", {"examples_per_s": 100.0}),
+                           verdicts.Side("reached", {"examples_per_s": 100.0 * math.exp(
+                               noise * rng.standard_normal())}))
+             for s in range(8)]
+    return verdicts.metric_row("c", "examples_per_s", pairs, False, 0.03, 0.95, "ex/s")
+  noisy, quiet = row(0.15), row(0.002)
+  assert noisy.verdict == paired.NO_CHANGE and noisy.note.startswith(verdicts.UNRESOLVED)
+  assert quiet.verdict == paired.NO_CHANGE and verdicts.UNRESOLVED not in quiet.note
+  worst = paired.worst_case_loss(noisy.estimate, False)
+  assert worst == pytest.approx(1 / noisy.estimate.low - 1) and f"{worst:.0%}" in noisy.note

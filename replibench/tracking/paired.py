@@ -221,6 +221,16 @@ def verdict(est: Estimate | None, lower_is_better: bool, min_effect: float) -> s
   return NO_CHANGE
 
 
+def worst_case_loss(est: Estimate | None, lower_is_better: bool) -> float | None:
+  """The largest loss the interval admits, as a fraction (0.14: head may be 14% worse:
+  time x1.14, or throughput x1/1.14); None without an interval. A "no change" whose
+  worst case is beyond the minimum effect could not tell a loss that matters from the
+  noise: the pairs said nothing either way."""
+  if est is None or est.low is None:
+    return None
+  return (est.high if lower_is_better else 1 / est.low) - 1
+
+
 def bonferroni(level: float, rows: int) -> float:
   """The per-row confidence level that keeps the family's at `level` over `rows`."""
   return 1 - (1 - level) / max(rows, 1)

@@ -22,6 +22,7 @@ import numpy as np
 from replibench.tracking import paired
 
 ALL_CONFIGS = "all configs"
+UNRESOLVED = "unresolved"   # how a row's note starts when "no change" could not tell
 # metric -> (label, lower is better); final_metric's direction comes from the workload.
 METRICS = {"time_to_target_s": ("time to target (s)", True),
            "steps_to_target": ("steps to target", True),
@@ -94,14 +95,10 @@ def _describe(values: list[float]) -> str:
   return f"{text} (median of {len(values)})"
 
 
-def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
-               min_effect: float, level: float, label: str, trimmed: bool = False) -> Row:
-  """One metric's row over these pairs; trimmed: Yuen's trimmed interval (the
-  throughput probe's rows, paired.trimmed_estimate) instead of the order model."""
-  base, head, kept = _values(pairs, metric)
-  est, verdict = paired.judge(base, head, lower_is_better, min_effect, level,
-                              orders=[p.order for p in kept], rounds=[p.round for p in kept],
-                              trimmed=trimmed)
+def _row_note(est: paired.Estimate | None, verdict: str, lower_is_better: bool,
+              min_effect: float) -> str:
+  """What the row's reader must know beside its numbers: how the pairs were pooled, an
+  order effect, and whether a "no change" could see a loss of the minimum effect."""
   note = "" if est is not None else "no pair with a value on both sides"
   if est is not None and est.low is None:
     note = "one pair: no interval, no verdict (run more rounds or seeds)"
@@ -114,6 +111,25 @@ def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better:
   elif est is not None and est.order_effect is not None and abs(est.order_effect - 1) >= 0.02:
     note = (f"order effect {est.order_effect:.3f} (ratio when base ran first / when head "
             f"ran first), modelled")
+  worst = paired.worst_case_loss(est, lower_is_better)
+  if verdict == paired.NO_CHANGE and worst is not None and worst > min_effect:
+    # "No change" here means the pairs could not tell, not that nothing changed: say so,
+    # so that a gate does not read a noisy run as a clean one.
+    note = "; ".join(x for x in (
+        f"{UNRESOLVED}: the interval admits a loss of up to {worst:.0%} (the minimum "
+        f"effect is {min_effect:.0%}); more pairs or a quieter machine", note) if x)
+  return note
+
+
+def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
+               min_effect: float, level: float, label: str, trimmed: bool = False) -> Row:
+  """One metric's row over these pairs; trimmed: Yuen's trimmed interval (the
+  throughput probe's rows, paired.trimmed_estimate) instead of the order model."""
+  base, head, kept = _values(pairs, metric)
+  est, verdict = paired.judge(base, head, lower_is_better, min_effect, level,
+                              orders=[p.order for p in kept], rounds=[p.round for p in kept],
+                              trimmed=trimmed)
+  note = _row_note(est, verdict, lower_is_better, min_effect)
   return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note)
 
 
