@@ -223,7 +223,7 @@ def test_the_trimmed_interval_models_the_order_where_it_has_the_pairs():
 
 def test_a_no_change_that_could_not_see_a_loss_says_so():
   """An interval too wide to exclude a loss beyond the minimum effect is "no change" with
-  a note that says it could not tell (and the A/B's summary counts it)."""
+  a note that says it could not tell."""
   rng = np.random.default_rng(5)
   def row(noise):
     pairs = [verdicts.Pair("c", s, 0, "AB" if s % 2 else "BA",

@@ -60,7 +60,8 @@ class Estimate:
   high: float | None
   level: float = LEVEL
   # 'paired' (a plain t interval on the mean log ratio), 'order' / 'order+round' (the
-  # linear model with those terms, order_estimate) or 'trimmed' (trimmed_estimate).
+  # linear model with those terms, order_estimate) or 'trimmed' / 'trimmed+order'
+  # (trimmed_estimate).
   model: str = "paired"
   # exp(mean log ratio when base ran first - when head ran first): 1 without an order
   # effect; None where the model has no order term.
@@ -96,7 +97,7 @@ def estimate(logs: np.ndarray, level: float = LEVEL) -> Estimate | None:
 
 
 def _yuen(logs: np.ndarray, trim: float) -> tuple[float, float, int]:
-  """(trimmed mean, winsorized sd, pairs kept) of sorted-or-not values."""
+  """(trimmed mean, winsorized sd, values kept) of the values, in any order."""
   logs = np.sort(logs)
   n = int(logs.size)
   k = int(math.floor(trim * n))
@@ -118,9 +119,9 @@ def trimmed_estimate(logs: np.ndarray, level: float = LEVEL, trim: float = TRIM,
 
   orders ('AB'/'BA', one a pair): where the order term leaves ORDER_DF degrees of
   freedom (h - 2 >= ORDER_DF: 12 pairs and up at 20%) and each order has 3 pairs or
-  more, half the gap between the two
-  orders' trimmed means is taken off each pair first (the order effect, as
-  order_estimate's, robustly), and the interval has h - 2 degrees of freedom.
+  more, half the gap between the two orders' trimmed means is taken off each pair
+  first (the order effect, as order_estimate's, robustly), and the interval has h - 2
+  degrees of freedom.
   sd: the winsorized sd (of the order-adjusted ratios where the order is modelled).
   """
   logs = np.asarray(logs, np.float64)

@@ -18,9 +18,9 @@ warm-up. Each process is a `replibench run` of the suite's trial with
 and result.json's `windows` ([steps, wall s, process CPU s] each) feed every
 estimator below; the pairs of an estimator are judged like any row of the A/B
 (verdicts.metric_row: paired ratios pooled by Yuen's trimmed mean, TRIMMED, the
-interval at the family's level). Only JUDGED decides; the others are reported with their paired
-noise so that the choice stays a measurement (benchmarks/probe_noise.py measures
-each estimator's paired noise on A/A runs; results/tracking/README.md).
+interval at the family's level). Only JUDGED decides; the others are reported with
+their paired noise so that the choice stays a measurement (benchmarks/probe_noise.py
+measures each estimator's paired noise on A/A runs; results/tracking/README.md).
 
 In `replibench ab` (commands.run_ab) a suite whose design has a probe
 (suites.Suite.probe) runs it after its time-to-target pairs; `attach` puts the
@@ -80,7 +80,7 @@ JUDGED = "best"
 # Whether the judged rows pool the pairs by Yuen's trimmed mean (paired.trimmed_estimate)
 # rather than the order model's least squares. The probe's paired noise has heavy tails:
 # of 52 real A/A pairs of `best` (2-core Zen 4, 2026-11-27) most are within 2-3% (robust
-# sd 0.026) and one in ten is off by 7-25%, a process the machine slowed for its whole
+# sd 0.024) and one in ten is off by 7-25%, a process the machine slowed for its whole
 # run (sd 0.059 with them). Resampled from those pairs (benchmarks/probe_power.py; the
 # Bonferroni level of 4 rows, minimum effect 3%), the trimmed interval calls a true 10%
 # loss with 8 pairs in 95% of A/B runs where the order model's calls it in 83%, a true
