@@ -132,7 +132,8 @@ data:
 # session's last changes (28076da): 995 passed in 664.7 s, 7.6 GiB in use at peak above
 # an idle 0.5 GiB (free -m every 2 s); at 0479935 995 passed in 630.0 s, 7.6 GiB.
 # 2026-11-27 19:56, commit 370e8fe (+ comments), alone: 1000 passed, 9 skipped in
-# 696.1 s of pytest, on an hour when the VM ran ~10% slower (results/tracking/README.md).
+# 696.1 s of pytest (689.8 s in the run before it), in an hour when this VM ran slower
+# than in the afternoon (results/tracking/README.md, the power runs).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
