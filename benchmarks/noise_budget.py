@@ -19,6 +19,8 @@ process CPU second. Conditions (--conditions, comma-separated; default all):
 
   threads1     TF_NUM_INTEROP_THREADS=1, TF_NUM_INTRAOP_THREADS=<cores>, OMP_NUM_THREADS=<cores>
   pin          taskset -c 0..cores-1 (the process pinned to the machine's cores)
+  onecore      taskset -c 0 and every TensorFlow/OMP pool one thread: a process that
+               cannot spin on a sibling core (half the rate; its spread is what counts)
   onednn_off   TF_ENABLE_ONEDNN_OPTS=0
   norandom     setarch <arch> -R (no address-space randomisation)
   hashseed     PYTHONHASHSEED=0
@@ -40,8 +42,9 @@ A smoke of the bookkeeping (minutes, numbers meaningless on a busy machine):
   .venv/bin/python benchmarks/noise_budget.py --processes=2 --steps=40 --window_steps=10 \\
       --warmup_windows=1 --conditions=hashseed --out=/tmp/noise_budget_smoke
 
-Writes --out/noise_budget.json (every process's windows) and --out/noise_budget.md
-(the table for results/tracking/README.md).
+Writes --out/noise_budget.json (every process's windows, after each process) and
+--out/noise_budget.md (the table for results/tracking/README.md); --report=A.json,B.json
+writes the tables again from saved runs (several merged, an interrupted one included).
 """
 
 import argparse
@@ -82,6 +85,11 @@ def conditions(cores: int) -> dict[str, tuple[dict, list[str]] | None]:
       "threads1": ({"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": str(cores),
                     "OMP_NUM_THREADS": str(cores)}, []),
       "pin": ({}, ["taskset", "-c", f"0-{cores - 1}"]),
+      # One core, one thread everywhere: if the slow spells are TensorFlow's pool threads
+      # spinning on each other, they vanish here; if they are the host's other tenants,
+      # they stay (results/tracking/README.md, "What a slow window is").
+      "onecore": ({"TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+                   "OMP_NUM_THREADS": "1"}, ["taskset", "-c", "0"]),
       "onednn_off": ({"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
       "norandom": ({}, ["setarch", platform.machine(), "-R"]),
       "hashseed": ({"PYTHONHASHSEED": "0"}, []),
@@ -146,6 +154,14 @@ def split(processes: list[dict], warmup: int, cpu: bool = False) -> dict:
   return out
 
 
+def _save(args, series: dict) -> None:
+  """Written after every process, so an interrupted budget keeps what it measured."""
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
+    json.dump({"args": vars(args), "series": {"/".join(k): v for k, v in series.items()}},
+              f, indent=1)
+
+
 def run(args) -> dict:
   cores = os.cpu_count() or 1
   design = probe.Design(processes=2, steps=args.steps, window_steps=args.window_steps,
@@ -159,10 +175,12 @@ def run(args) -> dict:
   series: dict = {}
   for trial in trials(args.configs.split(","), args.seed, design):
     # The split: baseline processes back to back, in pairs (0-1, 2-3, ...).
-    for i in range(2 * (args.processes // 2)):
+    split_processes = args.processes if args.split_processes is None else args.split_processes
+    for i in range(2 * (split_processes // 2)):
       p = run_process(trial, os.path.join(args.out, trial.config, "split", f"p{i}"),
                       args.steps, available["baseline"])
       series.setdefault((trial.config, SPLIT, "baseline"), []).append(p)
+      _save(args, series)
       print(f"{trial.config} split p{i}: exit {p['exit']}, {p['examples_per_s'] or 0:,.0f} "
             f"ex/s, {p['seconds']:.0f} s", flush=True)
     for name in wanted:
@@ -177,6 +195,7 @@ def run(args) -> dict:
           spec = available["baseline" if cond == "warmup" else cond]
           p = run_process(trial, directory, args.steps, spec)
           series.setdefault((trial.config, name, cond), []).append(p)
+          _save(args, series)
           print(f"{trial.config} {name}/{cond} p{i}: exit {p['exit']}, "
                 f"{p['examples_per_s'] or 0:,.0f} ex/s, {p['seconds']:.0f} s", flush=True)
   return {"/".join(k): v for k, v in series.items()}
@@ -246,13 +265,25 @@ def main() -> int:
   parser.add_argument("--configs", default="replicas=1")
   parser.add_argument("--seed", type=int, default=1)
   parser.add_argument("--processes", type=int, default=8, help="per condition and its baseline")
+  parser.add_argument("--split_processes", type=int, default=None,
+                      help="back-to-back baseline processes of the split (default "
+                           "--processes; 0: no split, the conditions only)")
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--window_steps", type=int, default=20)
   parser.add_argument("--warmup_windows", type=int, default=3)
   parser.add_argument("--conditions", default=None)
   parser.add_argument("--out", default=os.path.join(REPO, "runs", "noise_budget"))
+  parser.add_argument("--report", default=None,
+                      help="comma-separated noise_budget.json files (an interrupted run's "
+                           "too): write the tables from them, run nothing")
   args = parser.parse_args()
-  series = run(args)
+  if args.report:
+    series = {}
+    for path in args.report.split(","):
+      with open(path) as f:
+        series.update(json.load(f)["series"])
+  else:
+    series = run(args)
   steady_windows = args.steps // args.window_steps - args.warmup_windows
   lines = budget(series, args.warmup_windows, steady_windows) + [""] + table(
       series, args.warmup_windows)
@@ -261,8 +292,6 @@ def main() -> int:
                  "first call is left out, and a window closes at --window_steps steps).")
   print("\n".join(lines))
   os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
-    json.dump({"args": vars(args), "series": series}, f, indent=1)
   with open(os.path.join(args.out, "noise_budget.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   return 0
