@@ -18,7 +18,8 @@ and paired sd beside the baseline's, for wall-clock examples/s and for examples 
 process CPU second. Conditions (--conditions, comma-separated; default all):
 
   threads1     TF_NUM_INTEROP_THREADS=1, TF_NUM_INTRAOP_THREADS=<cores>, OMP_NUM_THREADS=<cores>
-  pin          taskset -c 0..cores-1 (the process pinned to the machine's cores)
+  pin          taskset -c 0..cores-1: every core there is, so a no-op, the table's A/A
+               control (its ratio to its baseline is chance alone)
   onecore      taskset -c 0 and every TensorFlow/OMP pool one thread: a process that
                cannot spin on a sibling core (half the rate; its spread is what counts)
   onednn_off   TF_ENABLE_ONEDNN_OPTS=0
@@ -28,14 +29,22 @@ process CPU second. Conditions (--conditions, comma-separated; default all):
   jemalloc     LD_PRELOAD=libjemalloc (skipped when not installed)
   tcmalloc     LD_PRELOAD=libtcmalloc (skipped when not installed)
   warmup       one throwaway process before each measured one (is the first slow?)
+  together     two `onecore` processes at once, on cores 0 and 1, the pair's sd of
+               log(core 0 / core 1) (a design that runs base and head side by side)
 
 The split comes first: --processes baseline processes back to back in pairs, whose
 table gives each source's sd and share of the between-process variance. Run it alone
-on a quiet machine (~2.5 h with the command below: per configuration 8 split
-processes, then 9 conditions x 8 processes x 2, ~45 s a process):
+on a quiet machine. Measured so (results/tracking/README.md, "The noise budget";
+~40 min on the 2-core Zen 4, ~24 s a process, ~45 s for onecore's), then the
+`together` pairs apart (~6 min):
 
-  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1,workers=2 \\
-      --processes=8 --steps=300 --window_steps=20 --out=runs/noise_budget
+  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1 --processes=6 \\
+      --steps=300 --window_steps=20 \\
+      --conditions=onecore,threads1,pin,norandom,hashseed,glibc,warmup --out=runs/noise_budget
+  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1 --processes=8 \\
+      --split_processes=0 --conditions=together --out=runs/noise_budget_together
+  .venv/bin/python benchmarks/noise_budget.py \\
+      --report=runs/noise_budget/noise_budget.json,runs/noise_budget_together/noise_budget.json
 
 A smoke of the bookkeeping (minutes, numbers meaningless on a busy machine):
 
@@ -97,6 +106,7 @@ def conditions(cores: int) -> dict[str, tuple[dict, list[str]] | None]:
       "jemalloc": ({"LD_PRELOAD": jemalloc}, []) if jemalloc else None,
       "tcmalloc": ({"LD_PRELOAD": tcmalloc}, []) if tcmalloc else None,
       "warmup": ({}, []),   # the baseline's command, after a throwaway process
+      "together": ({}, []) if cores >= 2 else None,   # run_together
   }
 
 
@@ -110,20 +120,39 @@ def trials(configs: list[str], seed: int, design: probe.Design) -> list:
   return [found[c] for c in configs]
 
 
-def run_process(trial, directory: str, steps: int, condition: tuple[dict, list[str]]) -> dict:
-  """One process: its result's windows, examples/s and the wall seconds it took."""
+def _start(trial, directory: str, steps: int, condition: tuple[dict, list[str]]):
   env_changes, prefix = condition
   os.makedirs(directory, exist_ok=True)
   command = prefix + sweep_lib.trial_command(trial, directory) + [f"--max_steps={steps}"]
-  start = time.monotonic()
   with open(os.path.join(directory, "trial.log"), "ab") as log:
-    code = subprocess.run(command, cwd=REPO, env={**os.environ, **env_changes}, stdout=log,
-                          stderr=subprocess.STDOUT).returncode
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, **env_changes}, stdout=log,
+                            stderr=subprocess.STDOUT)
+  return proc, directory, time.monotonic()
+
+
+def _finish(started) -> dict:
+  """A started process, waited for: its result's windows, examples/s and wall seconds."""
+  proc, directory, start = started
+  code = proc.wait()
   result = results.read(directory) if code == 0 else None
   return {"dir": directory, "exit": code, "seconds": round(time.monotonic() - start, 2),
           "windows": result.windows if result else [],
           "batch": result.global_batch_size if result else 0,
           "examples_per_s": result.examples_per_s if result else None}
+
+
+def run_process(trial, directory: str, steps: int, condition: tuple[dict, list[str]]) -> dict:
+  """One process: its result's windows, examples/s and the wall seconds it took."""
+  return _finish(_start(trial, directory, steps, condition))
+
+
+def run_together(trial, directory: str, steps: int) -> list[dict]:
+  """Two one-core processes at once, on cores 0 and 1 (the `together` condition): does
+  a slow spell hit both cores at once (the pair's ratio cancels it) or one at a time?"""
+  env = conditions(2)["onecore"][0]
+  started = [_start(trial, os.path.join(directory, f"core{c}"), steps,
+                    (env, ["taskset", "-c", str(c)])) for c in (0, 1)]
+  return [_finish(s) for s in started]
 
 
 def _log_rates(process: dict, warmup: int, cpu: bool = False) -> np.ndarray:
@@ -141,11 +170,13 @@ def split(processes: list[dict], warmup: int, cpu: bool = False) -> dict:
   if len(rates) < 2:
     return {"processes": len(rates)}
   medians = np.array([np.median(r) for r in rates])
+  best = np.array([r.max() for r in rates])   # the probe's judged estimator (probe.JUDGED)
   within = float(np.sqrt(np.mean([r.var(ddof=1) for r in rates])))
   pairs = medians[: len(medians) // 2 * 2].reshape(-1, 2)
   gaps = pairs[:, 1] - pairs[:, 0]
   out = {"processes": len(rates), "within_sd": within,
          "between_sd": float(medians.std(ddof=1)),
+         "best_between_sd": float(best.std(ddof=1)),
          "paired_sd": float(gaps.std(ddof=1)) if len(gaps) >= 2 else None,
          "order_gap": float(gaps.mean()) if len(gaps) else None,
          "warmup_gap": float(np.mean([np.median(_log_rates(p, 0, cpu)[:warmup]) - np.median(r)
@@ -160,6 +191,17 @@ def _save(args, series: dict) -> None:
   with open(os.path.join(args.out, "noise_budget.json"), "w") as f:
     json.dump({"args": vars(args), "series": {"/".join(k): v for k, v in series.items()}},
               f, indent=1)
+
+
+def run_pairs_together(trial, args, series: dict) -> None:
+  for i in range(args.processes):
+    ps = run_together(trial, os.path.join(args.out, trial.config, "together", f"p{i}"),
+                      args.steps)
+    for core, p in enumerate(ps):
+      series.setdefault((trial.config, "together", f"core{core}"), []).append(p)
+    _save(args, series)
+    print(f"{trial.config} together p{i}: exit {[p['exit'] for p in ps]}, "
+          f"{[round(p['examples_per_s'] or 0) for p in ps]} ex/s", flush=True)
 
 
 def run(args) -> dict:
@@ -186,6 +228,9 @@ def run(args) -> dict:
     for name in wanted:
       if available[name] is None:
         print(f"{name}: skipped (not installed here)", flush=True)
+        continue
+      if name == "together":
+        run_pairs_together(trial, args, series)
         continue
       for i in range(args.processes):
         for cond in ("baseline", name):   # interleaved: drift hits both alike
@@ -220,6 +265,8 @@ def budget(series: dict, warmup: int, steady_windows: int) -> list[str]:
       order = (x["order_gap"] / 2) ** 2 if x.get("order_gap") is not None else 0.0
       rest = max(total - within - order, 0.0)
       rows = (("between processes (all)", x["between_sd"], 1.0),
+              ("between processes, the fastest window (the probe's `best`)",
+               x["best_between_sd"], None),
               ("window to window, carried into the median", math.sqrt(within), within / total),
               ("run order (half the second-minus-first gap)", math.sqrt(order), order / total),
               ("process to process (the rest)", math.sqrt(rest), rest / total),
@@ -230,14 +277,60 @@ def budget(series: dict, warmup: int, steady_windows: int) -> list[str]:
   return lines
 
 
+def tail_lines(series: dict, warmup: int, slow: float = 0.07) -> list[str]:
+  """Every baseline process of a configuration (the split's and each condition's), its
+  fastest window against their median: the robust sd (1.4826 x the median absolute
+  deviation), the plain sd, and the processes the machine slowed for their whole run
+  (fastest window more than `slow` below the median)."""
+  lines = []
+  for config in sorted({k.split("/")[0] for k in series}):
+    best = np.array([_log_rates(p, warmup).max() for k, v in series.items()
+                     if k.startswith(config + "/") and k.endswith("/baseline") for p in v
+                     if _log_rates(p, warmup).size])
+    if best.size < 3:
+      continue
+    dev = best - np.median(best)
+    slowed = np.exp(dev[dev < math.log(1 - slow)])
+    lines.append(f"\n{config}, every baseline process ({best.size}): fastest window's robust "
+                 f"sd {1.4826 * np.median(np.abs(dev)):.4f}, sd {best.std(ddof=1):.4f}; "
+                 f"{slowed.size} slowed > {slow:.0%} for their whole run "
+                 f"({', '.join(f'{x:.2f}x' for x in sorted(slowed)) or 'none'})")
+  return lines
+
+
+def together_lines(series: dict, warmup: int) -> list[str]:
+  """The `together` pairs: sd of log(core 0 / core 1) per estimator, and how the two
+  processes' windows co-move (their correlation, window by window, a pair at a time)."""
+  lines = [""]
+  for key in sorted(k for k in series if k.endswith("/together/core0")):
+    config = key.split("/")[0]
+    pairs = [(_log_rates(a, warmup), _log_rates(b, warmup))
+             for a, b in zip(series[key], series[f"{config}/together/core1"])]
+    pairs = [(a, b) for a, b in pairs if a.size >= 2 and b.size >= 2]
+    if len(pairs) < 2:
+      continue
+    for name, f in (("median", np.median), ("best", np.max)):
+      gaps = np.array([f(a) - f(b) for a, b in pairs])
+      lines.append(f"{config} together ({len(pairs)} pairs, one core each, at once): "
+                   f"paired sd of {name} {gaps.std(ddof=1):.4f}, core 0 / core 1 "
+                   f"{math.exp(gaps.mean()):.3f}")
+    n = [min(a.size, b.size) for a, b in pairs]
+    corr = [float(np.corrcoef(a[:k], b[:k])[0, 1]) for (a, b), k in zip(pairs, n)]
+    within = math.sqrt(np.mean([x.var(ddof=1) for pair in pairs for x in pair]))
+    lines.append(f"{config} together: within sd {within:.4f}; window-by-window correlation "
+                 f"of the two cores' examples/s, median over pairs {np.median(corr):+.2f} "
+                 f"(range {min(corr):+.2f} to {max(corr):+.2f})")
+  return lines if len(lines) > 1 else []
+
+
 def table(series: dict, warmup: int) -> list[str]:
   fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
   lines = ["| config | condition | metric | processes | within sd | between sd | paired sd "
-           "| order gap | first windows' gap | between sd vs its baseline |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| order gap | first windows' gap | between sd vs its baseline | between sd: best |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for key in sorted(series):
     config, name, cond = key.split("/")
-    if cond == "baseline" or name == SPLIT:
+    if cond == "baseline" or name in (SPLIT, "together"):
       continue
     for cpu in (False, True):
       s = split(series[key], warmup, cpu)
@@ -249,7 +342,9 @@ def table(series: dict, warmup: int) -> list[str]:
                      f"{x.get('processes', 0)} | {fmt(x.get('within_sd'))} | "
                      f"{fmt(x.get('between_sd'))} | {fmt(x.get('paired_sd'))} | "
                      f"{fmt(x.get('order_gap'))} | {fmt(x.get('warmup_gap'))} | "
-                     f"{ratio if label != 'baseline' else ''} |")
+                     f"{ratio if label != 'baseline' else ''} | "
+                     f"{fmt(x.get('best_between_sd'))} |")
+  lines += tail_lines(series, warmup) + together_lines(series, warmup)
   configs = sorted({k.split("/")[0] for k in series})
   if len(configs) > 1:
     means = [np.mean([np.median(_log_rates(p, warmup)) for k, v in series.items()
