@@ -133,7 +133,8 @@ data:
 # an idle 0.5 GiB (free -m every 2 s); at 0479935 995 passed in 630.0 s, 7.6 GiB.
 # 2026-11-27 19:56, commit 370e8fe (+ comments), alone: 1000 passed, 9 skipped in
 # 696.1 s of pytest (689.8 s in the run before it), in an hour when this VM ran slower
-# than in the afternoon (results/tracking/README.md, the power runs).
+# than in the afternoon (results/tracking/README.md, the power runs). 2026-11-27 22:23,
+# commit 59bb541, alone, a quiet hour: 1003 passed, 9 skipped in 607.4 s of pytest.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
