@@ -63,6 +63,16 @@ TINY_SYNTHETIC = {
                            ("d4pg", "cartpole_swingup_pixels_synthetic"))}
 
 
+def benchmark_script(name: str):
+  """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def synthetic_configs() -> list[str]:
   """Every .gin under configs/ that binds a synthetic data source."""
   paths = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.gin")))

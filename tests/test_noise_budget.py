@@ -1,9 +1,7 @@
 """benchmarks/noise_budget.py's arithmetic on synthetic processes (no process runs): the
 split of the variance, the slowed processes it counts, and the `together` pairs."""
 
-import importlib.util
 import math
-import os
 
 import numpy as np
 import pytest
@@ -13,11 +11,7 @@ from tests import helpers
 
 @pytest.fixture(scope="module")
 def budget():
-  spec = importlib.util.spec_from_file_location(
-      "noise_budget", os.path.join(helpers.REPO, "benchmarks", "noise_budget.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return helpers.benchmark_script("noise_budget")
 
 
 def _process(rates, batch=10, steps=20):

@@ -59,7 +59,6 @@ def test_the_real_slowdown_commit_keeps_resnets_numbers(monkeypatch):
   """benchmarks/tracking_power_real.py's change to ResNet's stem (extra projections
   times a run-time zero) applies to models/resnet.py and leaves outputs and gradients
   exactly as they were: the change costs time and nothing else."""
-  import importlib.util
   import os
   import types
 
@@ -67,10 +66,7 @@ def test_the_real_slowdown_commit_keeps_resnets_numbers(monkeypatch):
   import tensorflow as tf
 
   from tests import helpers
-  spec = importlib.util.spec_from_file_location(
-      "tracking_power_real", os.path.join(helpers.REPO, "benchmarks", "tracking_power_real.py"))
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = helpers.benchmark_script("tracking_power_real")
   source = open(os.path.join(helpers.REPO, script.MODEL)).read()
   assert source.count(script.ANCHOR) == 1
   from models import resnet   # Registered with gin before the patched copy is made.

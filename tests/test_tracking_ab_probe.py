@@ -158,11 +158,7 @@ def test_every_suites_probe_names_configurations_of_its_sweep():
 def test_probe_noise_names_the_estimator_with_the_lowest_paired_noise():
   """benchmarks/probe_noise.py's last line: which estimator wins, and whether
   probe.JUDGED must change (the trial's own examples/s never competes)."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "probe_noise", os.path.join(helpers.REPO, "benchmarks", "probe_noise.py"))
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = helpers.benchmark_script("probe_noise")
   noise = {"run": {"sd": 0.001, "n": 24}, "median": {"sd": 0.030, "n": 24},
            "trimmed": {"sd": 0.020, "n": 24}, "cpu": {"sd": None, "n": 0}}
   best, line = script.choose(noise, judged="median")

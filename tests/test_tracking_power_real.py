@@ -3,9 +3,7 @@ runs that accumulates across sessions (skips what this machine has done, re-runs
 failed A/B, keys runs by machine), and its report. Fake A/B runs (no real A/B)."""
 
 import argparse
-import importlib.util
 import json
-import os
 
 import pytest
 
@@ -14,11 +12,7 @@ from tests import helpers
 
 @pytest.fixture(scope="module")
 def script():
-  spec = importlib.util.spec_from_file_location(
-      "tracking_power_real", os.path.join(helpers.REPO, "benchmarks", "tracking_power_real.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return helpers.benchmark_script("tracking_power_real")
 
 
 def _ab(ratio: float, low: float, high: float, verdict: str, failed=()) -> dict:
