@@ -458,6 +458,8 @@ def run_main():
       _tensorflow_logging()
       code = main(argv)
       sys.stdout.flush()
+      from replibench.harness import cluster_exit  # pylint: disable=C0415  (no TF import)
+      cluster_exit.leave(code)   # A cluster task: skips TensorFlow's slow teardown.
       sys.exit(code)
 
     app.run(start, flags_parser=_parse_flags)

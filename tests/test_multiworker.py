@@ -57,6 +57,10 @@ def _launch(workdir, norm: str, *bindings: str):
                          *(f"--gin_bindings={b}" for b in bindings), f"--workdir={workdir}")
   assert launched.returncode == 0, helpers.failure_report(launched)
   assert "[worker 0]" in launched.stdout and "[worker 1]" in launched.stdout
+  # Both left through the cluster's exit barrier (harness/cluster_exit.py), and the
+  # callers' checks of every output show that nothing was lost by it.
+  assert launched.stdout.count("exit: every task of the cluster has finished") == 2, (
+      helpers.failure_report(launched))
   return launched
 
 
