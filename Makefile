@@ -135,6 +135,8 @@ data:
 # 696.1 s of pytest (689.8 s in the run before it), in an hour when this VM ran slower
 # than in the afternoon (results/tracking/README.md, the power runs). 2026-11-27 22:23,
 # commit 59bb541, alone, a quiet hour: 1003 passed, 9 skipped in 607.4 s of pytest.
+# 2026-11-28 01:39, commit 2b0fcf6 (a cluster's tasks exit promptly), alone: 1009
+# passed, 9 skipped in 634.9 s of pytest (10 min 38 s wall).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
