@@ -15,7 +15,8 @@ Then it tries the sources one at a time: each condition below runs its processes
 interleaved with the baseline's (baseline, condition, baseline, condition, ...: the
 machine's drift hits both alike), and the table gives each condition's between-process
 and paired sd beside the baseline's, for wall-clock examples/s and for examples per
-process CPU second. Conditions (--conditions, comma-separated; default all):
+process CPU second. Conditions (--conditions, comma-separated; default all; none: the
+split alone):
 
   threads1     TF_NUM_INTEROP_THREADS=1, TF_NUM_INTRAOP_THREADS=<cores>, OMP_NUM_THREADS=<cores>
   pin          taskset -c 0..cores-1: every core there is, so a no-op, the table's A/A
@@ -45,6 +46,12 @@ on a quiet machine. Measured so (results/tracking/README.md, "The noise budget";
       --split_processes=0 --conditions=together --out=runs/noise_budget_together
   .venv/bin/python benchmarks/noise_budget.py \\
       --report=runs/noise_budget/noise_budget.json,runs/noise_budget_together/noise_budget.json
+
+The split alone, for another configuration (results/tracking/README.md: workers=2,
+12 processes, ~5 min):
+
+  .venv/bin/python benchmarks/noise_budget.py --configs=workers=2 --processes=12 \\
+      --conditions=none --out=runs/noise_budget_w2
 
 A smoke of the bookkeeping (minutes, numbers meaningless on a busy machine):
 
@@ -204,16 +211,24 @@ def run_pairs_together(trial, args, series: dict) -> None:
           f"{[round(p['examples_per_s'] or 0) for p in ps]} ex/s", flush=True)
 
 
+def wanted_conditions(flag: str | None, available: dict) -> list[str]:
+  """--conditions: a comma-separated list, 'none' for the split alone, unset for all."""
+  if flag is None:
+    return [c for c in available if c != "baseline"]
+  wanted = [] if flag == "none" else [c for c in flag.split(",") if c]
+  unknown = [c for c in wanted if c not in available]
+  if unknown or not (wanted or flag == "none"):
+    raise SystemExit(f"--conditions: unknown {unknown or repr(flag)}; choose from "
+                     f"{sorted(available)}, or 'none' for the split alone")
+  return wanted
+
+
 def run(args) -> dict:
   cores = os.cpu_count() or 1
   design = probe.Design(processes=2, steps=args.steps, window_steps=args.window_steps,
                         warmup_windows=args.warmup_windows)
   available = conditions(cores)
-  wanted = [c for c in args.conditions.split(",") if c] if args.conditions else [
-      c for c in available if c != "baseline"]
-  unknown = [c for c in wanted if c not in available]
-  if unknown:
-    raise SystemExit(f"--conditions: unknown {unknown}; choose from {sorted(available)}")
+  wanted = wanted_conditions(args.conditions, available)
   series: dict = {}
   for trial in trials(args.configs.split(","), args.seed, design):
     # The split: baseline processes back to back, in pairs (0-1, 2-3, ...).

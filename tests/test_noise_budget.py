@@ -51,3 +51,13 @@ def test_together_pairs_give_the_paired_sd_of_core_0_against_core_1(budget):
   assert f"paired sd of median {np.std(gaps, ddof=1):.4f}" in text
   assert "3 pairs" in text and "correlation" in text
   assert budget.together_lines({}, warmup=0) == []
+
+
+def test_conditions_flag_all_none_or_a_list(budget):
+  available = {"baseline": ({}, []), "pin": ({}, []), "warmup": ({}, [])}
+  assert budget.wanted_conditions(None, available) == ["pin", "warmup"]
+  assert budget.wanted_conditions("none", available) == []          # the split alone
+  assert budget.wanted_conditions("warmup,pin", available) == ["warmup", "pin"]
+  for bad in ("spin", ",", ""):
+    with pytest.raises(SystemExit, match="--conditions"):
+      budget.wanted_conditions(bad, available)
