@@ -9,8 +9,11 @@ profile of SN-GAN at 4 logical replicas counted 568 sends a step; fused, 143
 MultiWorkerMirroredStrategy packs on its own (CommunicationOptions.bytes_per_pack),
 so it is left to do so (`fuses_in_engine`).
 
-Fusing does not change the math: every element is reduced exactly as before (the
-same replicas, the same order), only in one buffer.
+Fusing does not change the math: every element is reduced as before, by one AddN
+over the same replicas, only in one buffer. (Neither path fixes the last bit with
+three or more replicas: TensorFlow's CPU AddN starts from whichever input buffer it
+can reuse, which depends on timing, so a sum's association varies between runs;
+every replica still receives the same bits. tests/test_engine_collectives.py.)
 
 `buckets` splits a gradient list into the all-reduces the engine issues one by one
 (DDP's buckets): in reverse order, the order the backward pass produces them, so
