@@ -124,6 +124,9 @@ class Machine(Record):
   accelerator_peak_memory_bytes: dict = dataclasses.field(default_factory=dict)
   calibration: dict | None = None
   malloc: str | None = None
+  # TensorFlow's pool sizes, {'intra_op': n, 'inter_op': n} (Experiment.*_op_threads;
+  # null in files written before they were recorded).
+  threads: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ from tensorflow import make_ndarray
 
 from replibench.config import load_experiment
 from replibench.config.plan import make_plan
+from replibench.engine import devices
 from replibench.harness.loop import run_experiment
 from tests import helpers, test_mllog_compliance, tiny_runs
 
@@ -43,6 +44,9 @@ def test_config_runs_end_to_end(config, topology, tmp_path_factory):
   calibration = result.machine["calibration"]
   assert calibration and min(calibration.values()) > 0, result.machine
   assert result.machine["malloc"], result.machine   # What the step times ran under.
+  # TensorFlow's pools as this process's runtime has them (started before the run here,
+  # so a config's Experiment.*_op_threads could not resize them: the record says so).
+  assert result.machine["threads"] == devices.thread_pools(), result.machine
 
   tags = helpers.event_tags(tmp_path)
   for tag in ("train/loss", "train/learning_rate", "train/examples_per_s",

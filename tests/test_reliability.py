@@ -163,6 +163,8 @@ def test_report_names_a_garbage_result_file(tmp_path):
     (["Experiment.checkpoint_every_epochs = -1.0"], "checkpoint_every_epochs"),
     (["Experiment.steps_per_call = 0"], "steps_per_call"),
     (["Experiment.log_every_steps = 0"], "log_every_steps"),
+    (["Experiment.intra_op_threads = -1"], "intra_op_threads"),
+    (["Experiment.inter_op_threads = 1.5"], "inter_op_threads"),
     (["FashionMNIST.num_train_examples = -5"], "num_train_examples"),
     (["small_resnet.widths = 'abc'"], "does not build"),
 ])

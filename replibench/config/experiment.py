@@ -45,6 +45,13 @@ class Experiment:
   # XLA: True | False | 'auto' (by device kind and workload: config/compile_choice.py).
   # Compiled around the exchange between replicas (engine/compilation.py).
   jit_compile: bool | str = compile_choice.AUTO
+  # TensorFlow's thread pools for this process (0: TensorFlow's default, one thread per
+  # core the process may use); set before the runtime starts (engine/devices.py). A
+  # small model's ops gain little from intra-op threads and pay for their hand-offs:
+  # D4PG's state learner is ~25% faster with intra_op_threads = 1 on 2 cores
+  # (results/d4pg/README.md). result.json's machine.threads says what ran.
+  intra_op_threads: int = 0
+  inter_op_threads: int = 0
   # The regression tracker's own test of its power, never set by a real config: after
   # every training call the harness runs extra matmuls on the step's cores so that
   # examples/s drop by this fraction (harness/slowdown.py; results/tracking/README.md).
@@ -113,6 +120,10 @@ class Experiment:
           f"examples of one epoch of {self.workload.name}; give a batch in [1, {examples}].")
     if self.seed < 0:
       raise UserError(f"Experiment.seed = {self.seed}: must be >= 0.")
+    for name in ("intra_op_threads", "inter_op_threads"):
+      if getattr(self, name) < 0:
+        raise UserError(f"Experiment.{name} = {getattr(self, name)}: must be >= 0 (0: "
+                        f"TensorFlow's default, one thread per core the process may use).")
     if not 0 <= self.inject_slowdown < 0.9:
       raise UserError(f"Experiment.inject_slowdown = {self.inject_slowdown!r}: a fraction of "
                       f"examples/s to remove, in [0, 0.9) (0: none, the default).")
@@ -143,7 +154,8 @@ class Experiment:
                 "target": (int, float), "train_epochs": (int, float), "seed": int,
                 "eval_every_epochs": (int, float), "steps_per_call": int,
                 "checkpoint_every_epochs": (int, float), "log_every_steps": int,
-                "regime": Regime, "precision": str, "inject_slowdown": (int, float)}
+                "regime": Regime, "precision": str, "inject_slowdown": (int, float),
+                "intra_op_threads": int, "inter_op_threads": int}
     for name, kind in expected.items():
       value = getattr(self, name)
       if not isinstance(value, kind) or isinstance(value, bool):

@@ -51,6 +51,7 @@ def _plan(experiment: Experiment) -> dict:
       # Experiment.jit_compile resolved (config/compile_choice.py), and why.
       "jit_compile": experiment.compile_choice.describe(),
       "batch_norm": batch_norm(norms),
+      "threads": threads(experiment),
       "allreduce_bytes_per_step": facts.get("allreduce_bytes_per_step"),
       # The regime's name/settings and what it sends per replica and step (its own
       # formula, applied to the tensors it exchanges).
@@ -82,6 +83,14 @@ def _profile(steps: tuple[int, int], spec) -> str:
   last = min(-(-steps[1] // calls) * calls, spec.total_steps)
   return (f"steps {steps[0]}-{steps[1]}: the calls of steps {first}-{last} traced into "
           f"the run's TensorBoard directory (plugins/profile)")
+
+
+def threads(experiment: Experiment) -> str:
+  """TensorFlow's pools as the run will size them (Experiment.*_op_threads)."""
+  def size(n: int) -> str:
+    return str(n) if n else "TensorFlow's default (one a core)"
+  return (f"intra-op {size(experiment.intra_op_threads)}, "
+          f"inter-op {size(experiment.inter_op_threads)}")
 
 
 def batch_norm(kinds: set[str]) -> str | None:

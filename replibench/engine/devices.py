@@ -7,6 +7,7 @@ must happen before that; afterwards it can only be checked.
 
 import os
 
+from absl import logging
 import tensorflow as tf
 
 from replibench.errors import UserError
@@ -86,3 +87,31 @@ def local_devices(num_replicas: int, device: str) -> list[str]:
         f"Local(num_replicas={num_replicas}, device='gpu'): only {len(gpus)} GPU(s) are "
         f"visible, one replica per GPU.")
   return gpus[:num_replicas]
+
+
+def set_thread_pools(intra_op: int, inter_op: int) -> None:
+  """Sizes TensorFlow's intra-op and inter-op thread pools (0: leave TensorFlow's
+  default, one thread per core this process may use).
+
+  Like the device split, the pools are fixed when the runtime starts; afterwards (an
+  in-process test, a notebook) this logs and leaves them, and thread_pools() reports
+  what the runtime really has.
+  """
+  setters = {"intra": tf.config.threading.set_intra_op_parallelism_threads,
+             "inter": tf.config.threading.set_inter_op_parallelism_threads}
+  for kind, threads in (("intra", intra_op), ("inter", inter_op)):
+    if threads:
+      try:
+        setters[kind](threads)
+      except RuntimeError:
+        logging.warning("Experiment.%s_op_threads = %d: TensorFlow's runtime had already "
+                        "started, so its %s-op pool keeps its size (%d).", kind, threads,
+                        kind, thread_pools()[f"{kind}_op"])
+
+
+def thread_pools() -> dict:
+  """{'intra_op': n, 'inter_op': n}: the pools' sizes this process's runtime uses (a
+  default, 0, resolved to the cores the process may use, as TensorFlow does)."""
+  cores = len(os.sched_getaffinity(0))
+  return {"intra_op": tf.config.threading.get_intra_op_parallelism_threads() or cores,
+          "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cores}

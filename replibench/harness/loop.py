@@ -24,7 +24,7 @@ from absl import logging
 
 from replibench import engine, inputs, results
 from replibench.config.experiment import Experiment
-from replibench.engine import ps
+from replibench.engine import devices, ps
 from replibench.engine.measure import noise_scale
 from replibench.harness import (netns, outcome, profiling, progress, provenance, slowdown,
                                 throughput, wire)
@@ -44,6 +44,8 @@ class _Run:
     # The run's step, as the replicator and the workload read it.
     self.workload, self.spec = experiment.workload, experiment.train_spec()
     self.init_start = time.monotonic()
+    # Before anything starts TensorFlow's runtime, like the replicator's devices.
+    devices.set_thread_pools(experiment.intra_op_threads, experiment.inter_op_threads)
     self.replicator = engine.make_replicator(experiment.topology, self.spec.regime)
     # The machine's speed, before the workload starts anything that shares the cores
     # (D4PG's actors made it 20% noisier); not part of init.

@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from replibench import allocator, dirty
+from replibench.engine import devices
 
 # The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
@@ -132,12 +133,13 @@ def accelerator_peak_memory() -> dict:
 def machine(calibration: dict | None = None) -> dict:
   """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
   sees with their peak memory in use (bytes, this process), the calibration
-  measured at run start (None if none was) and the malloc settings (allocator.py:
-  they move CPU step times by up to 2x)."""
+  measured at run start (None if none was), the malloc settings (allocator.py:
+  they move CPU step times by up to 2x) and TensorFlow's thread pools."""
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
           "isa_flags": isa_flags(), "accelerators": _accelerators(),
           "accelerator_peak_memory_bytes": accelerator_peak_memory(),
-          "calibration": calibration, "malloc": allocator.describe()}
+          "calibration": calibration, "malloc": allocator.describe(),
+          "threads": devices.thread_pools()}
 
 
 def versions() -> dict:
