@@ -188,6 +188,27 @@ def test_a_machine_within_the_noise_of_the_calibration_is_judged_and_flagged(tmp
   assert "rescaled by 1.27" in str(compare(same, base, normalize=True))
 
 
+def test_other_thread_pools_are_named_not_called_another_machine(tmp_path):
+  """One intra-op thread halves the calibration's matmul rate on 2 cores: a config
+  change, which the comparison names instead of judging (or blaming the machine)."""
+  def pools(intra, convnet_gflops):
+    def outcome(t):
+      out = _on_machine(convnet_gflops)(t)
+      out["machine"]["threads"] = {"intra_op": intra, "inter_op": 2}
+      return out
+    return outcome
+  base = build_report(fake_sweep(str(tmp_path / "a"), pools(2, 100.0)))
+  new = build_report(fake_sweep(str(tmp_path / "b"), pools(1, 55.0)))
+  assert new.thread_pools == [{"inter_op": 2, "intra_op": 1}]
+  result = compare(new, base)
+  time_rows = [r for r in result.rows if r.metric in ("time to target (s)", "examples/s")]
+  assert time_rows and all(r.decision.verdict == "not comparable" for r in time_rows)
+  assert "thread pools differ" in str(result) and "machines differ" not in str(result)
+  assert "intra-op 2 / inter-op 2" in str(result) and "rescales" not in str(result)
+  same = build_report(fake_sweep(str(tmp_path / "c"), pools(1, 56.0)))
+  assert compare(same, new).count("not comparable") == 0
+
+
 def test_a_baseline_without_calibration_judges_no_time(tmp_path):
   base = build_report(fake_sweep(str(tmp_path / "a")))
   base.calibration = None

@@ -17,7 +17,10 @@ harness/provenance.py; a report holds its trials' median) tells how far apart th
 two machines are. Within 10%: judged as they are. Between 10% and 1.5x: judged,
 and every such row and the warnings say the machines differ (a suite's median
 calibration moved 14-40% between runs of one commit on one shared VM, while
-machine generations differ ~4x). Beyond 1.5x: no verdict ("not comparable").
+machine generations differ ~4x). Beyond 1.5x: no verdict ("not comparable"). The
+calibration runs in the run's own TensorFlow thread pools (Experiment.*_op_threads),
+so reports whose trials ran in different pools are not comparable on time either,
+and say why, rather than calling it a change of machine.
 With normalize=True, whenever the calibrations differ by more than 10%, the new
 side is rescaled to the baseline's machine by the ratio of the conv-net
 calibrations. Steps to target, convergence and metrics are compared as they are.
@@ -238,6 +241,13 @@ class MachineMatch:
 
 
 def match_machines(new: Report, base: Report) -> MachineMatch:
+  if new.thread_pools and base.thread_pools and new.thread_pools != base.thread_pools:
+    # The calibration runs in the run's own pools: it would report a config change
+    # (Experiment.*_op_threads) as a change of machine.
+    return MachineMatch(False, None, f"TensorFlow's thread pools differ (baseline "
+                        f"{_pools(base.thread_pools)}; new {_pools(new.thread_pools)}), "
+                        f"and the calibration ran in them, so it cannot tell the machine "
+                        f"apart from the config; `replibench ab` judges such a change")
   new_cal, base_cal = new.calibration or {}, base.calibration or {}
   if not all(new_cal.get(k) and base_cal.get(k) for k in (NORMALIZE_KEY, "matmul_gflops")):
     side = "baseline" if not base_cal else "new run" if not new_cal else "either side"
@@ -255,6 +265,10 @@ def match_machines(new: Report, base: Report) -> MachineMatch:
                         f"machine may differ", flagged=True)
   return MachineMatch(False, ratios[NORMALIZE_KEY],
                       f"machines differ: calibration {text} GFLOP/s")
+
+
+def _pools(pools: list[dict]) -> str:
+  return ", ".join(f"intra-op {p.get('intra_op')} / inter-op {p.get('inter_op')}" for p in pools)
 
 
 def _rescale(values: list[float], metric: str, speed: float) -> list[float]:

@@ -38,6 +38,9 @@ class Report:
   machine: dict[str, Any] = dataclasses.field(default_factory=dict)
   # Median over the trials of each calibration figure (GFLOP/s at run start).
   calibration: dict[str, float] | None = None
+  # The distinct TensorFlow thread pools the trials ran (and calibrated) in,
+  # [{'intra_op': n, 'inter_op': n}, ...]; None where no trial recorded them.
+  thread_pools: list[dict] | None = None
   # The metrics `compare` judges (the sweep file's `judge`); None: all of them.
   judged: list[str] | None = None
   sweep_dir: str = ""
@@ -128,6 +131,13 @@ def _calibration(found: list[tuple[str, RunResult]]) -> dict[str, float] | None:
   return {k: float(np.median(v)) for k, v in values.items()} or None
 
 
+def _thread_pools(found: list[tuple[str, RunResult]]) -> list[dict] | None:
+  """The distinct machine.threads of the trials, sorted (None if no trial recorded one)."""
+  pools = {tuple(sorted(t.items())) for _, r in found
+           if (t := (r.machine or {}).get("threads"))}
+  return [dict(p) for p in sorted(pools)] or None
+
+
 def _judged(sweep_dir: str) -> list[str] | None:
   """The sweep file's `judge` list, as `replibench sweep` recorded it in sweep.json."""
   manifest = atomic.read_json(os.path.join(sweep_dir, results.MANIFEST_FILE), {}) or {}
@@ -154,7 +164,8 @@ def build_report(sweep_dir: str) -> Report:
       git_shas=sorted({r.git_sha for _, r in found} - {""}),
       tf_versions=sorted({r.tf_version for _, r in found} - {""}),
       machine=dataclasses.asdict(found[0][1].machine) if found[0][1].machine else {},
-      calibration=_calibration(found), judged=_judged(sweep_dir),
+      calibration=_calibration(found), thread_pools=_thread_pools(found),
+      judged=_judged(sweep_dir),
       sweep_dir=os.path.abspath(sweep_dir),
       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       warnings=_seed_warnings(found))
