@@ -136,7 +136,10 @@ data:
 # than in the afternoon (results/tracking/README.md, the power runs). 2026-11-27 22:23,
 # commit 59bb541, alone, a quiet hour: 1003 passed, 9 skipped in 607.4 s of pytest.
 # 2026-11-28 01:39, commit 2b0fcf6 (a cluster's tasks exit promptly), alone: 1009
-# passed, 9 skipped in 634.9 s of pytest (10 min 38 s wall).
+# passed, 9 skipped in 634.9 s of pytest (10 min 38 s wall). 2026-11-28 02:36, commit
+# ea12c22 (the flaky fused all-reduce test fixed), alone: 1010 passed, 9 skipped in
+# 604.8 s; 03:30, commit 41d74e4 (thread pools): 1017 passed, 9 skipped in 624.5 s
+# (10 min 28 s wall).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
