@@ -48,8 +48,8 @@ class Experiment:
   # TensorFlow's thread pools for this process (0: TensorFlow's default, one thread per
   # core the process may use); set before the runtime starts (engine/devices.py). A
   # small model's ops gain little from intra-op threads and pay for their hand-offs:
-  # D4PG's state learner is ~25% faster with intra_op_threads = 1 on 2 cores
-  # (results/d4pg/README.md). result.json's machine.threads says what ran.
+  # D4PG's state learner has 1.17x the examples/s with intra_op_threads = 1 on 2 cores
+  # (A/B, results/d4pg/README.md). result.json's machine.threads says what ran.
   intra_op_threads: int = 0
   inter_op_threads: int = 0
   # The regression tracker's own test of its power, never set by a real config: after
