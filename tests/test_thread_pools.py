@@ -28,6 +28,18 @@ def test_a_fresh_process_gets_the_pools_asked_for():
   assert run.stdout.strip().splitlines()[-1] == "{'intra_op': 1, 'inter_op': 3}"
 
 
+def test_a_default_pool_is_recorded_as_the_environment_sizes_it(monkeypatch):
+  """TensorFlow sizes a default (0) pool from TF_NUM_*_THREADS where set (the noise
+  budget's conditions set them), so the record must too, not claim one a core."""
+  monkeypatch.setattr(devices.tf.config.threading, "get_intra_op_parallelism_threads",
+                      lambda: 0)
+  monkeypatch.setattr(devices.tf.config.threading, "get_inter_op_parallelism_threads",
+                      lambda: 4)
+  monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+  monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "3")
+  assert devices.thread_pools() == {"intra_op": 1, "inter_op": 4}   # Configured wins.
+
+
 def test_a_started_runtime_keeps_its_pools_and_says_so(monkeypatch):
   """In a process whose runtime has started (this one), asking for other sizes logs a
   warning naming the binding and changes nothing, so the record stays true."""

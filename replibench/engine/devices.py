@@ -110,8 +110,16 @@ def set_thread_pools(intra_op: int, inter_op: int) -> None:
 
 
 def thread_pools() -> dict:
-  """{'intra_op': n, 'inter_op': n}: the pools' sizes this process's runtime uses (a
-  default, 0, resolved to the cores the process may use, as TensorFlow does)."""
-  cores = len(os.sched_getaffinity(0))
-  return {"intra_op": tf.config.threading.get_intra_op_parallelism_threads() or cores,
-          "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cores}
+  """{'intra_op': n, 'inter_op': n}: the pools' sizes this process's runtime uses. A
+  default (0) resolves as TensorFlow resolves it: TF_NUM_INTRAOP_THREADS /
+  TF_NUM_INTEROP_THREADS where set, else the cores the process may use."""
+  def size(configured: int, env: str) -> int:
+    try:
+      from_env = int(os.environ.get(env, "0"))
+    except ValueError:
+      from_env = 0
+    return configured or (from_env if from_env > 0 else len(os.sched_getaffinity(0)))
+  return {"intra_op": size(tf.config.threading.get_intra_op_parallelism_threads(),
+                           "TF_NUM_INTRAOP_THREADS"),
+          "inter_op": size(tf.config.threading.get_inter_op_parallelism_threads(),
+                           "TF_NUM_INTEROP_THREADS")}
