@@ -139,7 +139,8 @@ data:
 # passed, 9 skipped in 634.9 s of pytest (10 min 38 s wall). 2026-11-28 02:36, commit
 # ea12c22 (the flaky fused all-reduce test fixed), alone: 1010 passed, 9 skipped in
 # 604.8 s; 03:30, commit 41d74e4 (thread pools): 1017 passed, 9 skipped in 624.5 s
-# (10 min 28 s wall).
+# (10 min 28 s wall); 05:10, commit 3dc97fa: 1018 passed, 9 skipped in 612.5 s;
+# 07:50, the history's thread pools: 1019 passed, 9 skipped in 576.8 s (9 min 46 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \

@@ -2,12 +2,13 @@
 round (paired.order_estimate) and reaching the target judged on counts (McNemar's
 exact test). Synthetic series, seeded, no timing."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from replibench.tracking import ab, paired, verdicts
+from replibench.tracking import ab, ab_report, paired, verdicts
 
 PAIRS = 21                    # ResNet's default design: 3 configurations x 7 seeds
 ORDERS = ["AB" if i % 2 == 0 else "BA" for i in range(PAIRS)]
@@ -235,5 +236,11 @@ def test_a_no_change_that_could_not_see_a_loss_says_so():
   noisy, quiet = row(0.15), row(0.002)
   assert noisy.verdict == paired.NO_CHANGE and noisy.note.startswith(verdicts.UNRESOLVED)
   assert quiet.verdict == paired.NO_CHANGE and verdicts.UNRESOLVED not in quiet.note
+  assert noisy.unresolved and not quiet.unresolved and noisy.to_dict()["unresolved"]
+  # The summary counts the flag, not the note's wording (an order note may come first).
+  reworded = dataclasses.replace(noisy, note="order effect 1.050 modelled; " + noisy.note)
+  suite = ab.SuiteAB("s", "w", "m", True, ["examples_per_s"], 1, [], [reworded, quiet],
+                     [], [], 1.0)
+  assert "2 unchanged (1 unresolved" in ab_report._summary([suite])
   worst = paired.worst_case_loss(noisy.estimate, False)
   assert worst == pytest.approx(1 / noisy.estimate.low - 1) and f"{worst:.0%}" in noisy.note

@@ -104,8 +104,9 @@ def test_the_page_says_when_seed_or_configuration_sets_differ(tmp_path):
   assert "configuration sets differ between commits (bbbbbbb lacks replicas=2)" in page
 
 
-def _bench(path, sha, speed=1.0, seeds=(1, 2, 3), failed=(), sweep=fakes.SUITE.sweep):
-  return fakes.write_bench_sweep(path, sha, speed, seeds, failed, sweep)
+def _bench(path, sha, speed=1.0, seeds=(1, 2, 3), failed=(), sweep=fakes.SUITE.sweep,
+           threads=None):
+  return fakes.write_bench_sweep(path, sha, speed, seeds, failed, sweep, threads)
 
 
 def test_a_sweep_is_recorded_only_under_its_own_suite_and_never_its_failed_trials(repo,
@@ -175,6 +176,22 @@ def test_make_bench_after_an_ab_records_and_compares_with_the_main_line(repo, tm
   assert f"commit {main[:10]}" in compared and throwaway[:10] not in compared
   page = open(commands.history_render(str(tmp_path / "page"), repo)).read()
   assert "not on the main line" in page and throwaway[:7] not in page.split("<h2>")[0]
+
+
+def test_compare_names_other_thread_pools_rather_than_another_machine(repo, tmp_path):
+  """The calibration runs in the trial's own pools, so the history must keep them: a
+  config that changed Experiment.intra_op_threads is not called another machine."""
+  sha = fakes.git(repo, "rev-parse", "HEAD")
+  before, after = {"intra_op": 2, "inter_op": 2}, {"intra_op": 1, "inter_op": 2}
+  commands.history_record(_bench(tmp_path / "b1", sha, threads=before), fakes.SUITE, repo)
+  assert all(r.thread_pools == before for r in store.read()) and store.read()
+  same = commands.history_compare(_bench(tmp_path / "b2", sha, threads=before),
+                                  fakes.SUITE, {}, repo)
+  assert "pools differ" not in same and "not judged" not in same
+  other = commands.history_compare(_bench(tmp_path / "b3", sha, threads=after),
+                                   fakes.SUITE, {}, repo)
+  assert "TensorFlow's thread pools differ (baseline intra-op 2 / inter-op 2; new " \
+         "intra-op 1 / inter-op 2)" in other and "not judged" in other
 
 
 def test_the_history_page_refuses_a_file_for_out(repo, tmp_path):

@@ -77,14 +77,16 @@ def _noise(*key, sigma: float) -> float:
 
 
 def write_result(trial_dir: str, seed: int, speed: float, noise: float = 1.0,
-                 git_sha: str = "", status: str = "reached") -> None:
-  """A fake trial's result.json: examples/s = 1000 x speed x noise."""
+                 git_sha: str = "", status: str = "reached", threads=None) -> None:
+  """A fake trial's result.json: examples/s = 1000 x speed x noise; threads: the
+  machine.threads it records (None: none, as before the pools were recorded)."""
   eps = 1000.0 * speed * noise
   results.write(trial_dir, results.RunResult(
       status=status, workload="fake", target_metric="eval/top1", target=0.5,
       higher_is_better=True, time_to_target_s=10000.0 / eps, steps_to_target=100,
       examples_per_s=eps, final_metric=0.6, seed=seed, git_sha=git_sha, tf_version="2.21.0",
-      machine={"calibration": {"matmul_gflops": 100.0, "convnet_gflops": 50.0}}))
+      machine={"calibration": {"matmul_gflops": 100.0, "convnet_gflops": 50.0},
+               **({"threads": threads} if threads else {})}))
 
 
 BROKEN = "Fake.broken = True"   # A binding the fake validator says does not compile.
@@ -134,12 +136,13 @@ class FakeRunner:
 
 
 def write_bench_sweep(path, sha: str, speed: float = 1.0, seeds=(1, 2, 3), failed=(),
-                      sweep: str = SUITE.sweep) -> str:
+                      sweep: str = SUITE.sweep, threads=None) -> str:
   """A finished bench sweep directory of the fake suite (or `sweep`) at commit sha, its
   seeds run on replicas=1 and replicas=2 (the seeds in `failed` failed); returns it."""
   write_manifest(str(path), sweep)
   for config in ("replicas=1", "replicas=2"):
     for seed in seeds:
       write_result(os.path.join(path, config, f"seed={seed}"), seed, speed, 1 + 0.01 * seed,
-                   git_sha=sha, status="failed" if seed in failed else "reached")
+                   git_sha=sha, status="failed" if seed in failed else "reached",
+                   threads=threads)
   return str(path)

@@ -133,9 +133,14 @@ def _calibration(found: list[tuple[str, RunResult]]) -> dict[str, float] | None:
 
 def _thread_pools(found: list[tuple[str, RunResult]]) -> list[dict] | None:
   """The distinct machine.threads of the trials, sorted (None if no trial recorded one)."""
-  pools = {tuple(sorted(t.items())) for _, r in found
-           if (t := (r.machine or {}).get("threads"))}
-  return [dict(p) for p in sorted(pools)] or None
+  return distinct_pools((r.machine or {}).get("threads") for _, r in found)
+
+
+def distinct_pools(pools) -> list[dict] | None:
+  """The distinct {intra_op, inter_op} dicts among pools (None entries skipped), sorted;
+  None if there are none."""
+  found = {tuple(sorted(p.items())) for p in pools if p}
+  return [dict(p) for p in sorted(found)] or None
 
 
 def _judged(sweep_dir: str) -> list[str] | None:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from replibench import atomic
 from replibench.suite import report as report_lib
-from replibench.tracking import paired, verdicts
+from replibench.tracking import paired
 from replibench.tracking.ab import SideSpec, SuiteAB
 
 JSON_FILE, MD_FILE = "ab.json", "report.md"
@@ -35,8 +35,7 @@ def _summary(abs_: Sequence[SuiteAB]) -> str:
   count = lambda v: sum(r.verdict == v for ab in abs_ for r in ab.rows)  # noqa: E731
   failed = sum(len(ab.failed) for ab in abs_)
   unjudged = [ab.suite for ab in abs_ if not ab.judgeable]
-  unresolved = sum(r.verdict == paired.NO_CHANGE and r.note.startswith(verdicts.UNRESOLVED)
-                   for ab in abs_ for r in ab.rows)
+  unresolved = sum(r.unresolved for ab in abs_ for r in ab.rows)
   return (f"{count(paired.REGRESSION)} regression(s), {count(paired.IMPROVEMENT)} "
           f"improvement(s), {count(paired.NO_CHANGE)} unchanged"
           + (f" ({unresolved} unresolved: their intervals admit a loss beyond the minimum "

@@ -186,7 +186,7 @@ def _report_from_records(records: Sequence[store.Record], judged) -> report_lib.
       tf_versions=sorted({r.tf_version for r in records} - {""}),
       machine={"cpu": (first.machine_info or {}).get("cpu")},
       calibration={k: float(np.median(v)) for k, v in calibrations.items()} or None,
-      judged=judged)
+      thread_pools=report_lib.distinct_pools(r.thread_pools for r in records), judged=judged)
 
 
 def _main_line(repo: str | None) -> tuple[str, list[str] | None]:

@@ -42,7 +42,8 @@ def from_result(result: results.RunResult | None, *, commit: str, commit_time: s
       higher_is_better=result.higher_is_better if result else True,
       calibration=(result.machine or {}).get("calibration") if result else None,
       machine_info=info, tf_version=(result.tf_version or "") if result else "",
-      jit_compile=result.jit_compile if result else None)
+      jit_compile=result.jit_compile if result else None,
+      thread_pools=(result.machine or {}).get("threads") if result else None)
 
 
 def failed(result: results.RunResult | None) -> bool:

@@ -8,12 +8,12 @@ histories is a merge of lines):
 Each line is a `Record`: the commit (and its committer date), the machine
 fingerprint and description, the suite, configuration, seed and round, where it
 came from (bench, ab), the run's status, its judged metrics and its machine
-calibration, and the TensorFlow version it ran with. `schema` is the record format's
-version. Every line is validated as it is read (JSON, a record's fields and their
-types, the schema version): a bad one (garbage, a record of a newer replibench, a
-field of the wrong type) is skipped with a warning naming the file and line, so one
-damaged line never hides the rest of the history; a directory where a .jsonl file
-should be is skipped the same way.
+calibration, the TensorFlow version and thread pools it ran with. `schema` is the
+record format's version. Every line is validated as it is read (JSON, a record's
+fields and their types, the schema version): a bad one (garbage, a record of a newer
+replibench, a field of the wrong type) is skipped with a warning naming the file and
+line, so one damaged line never hides the rest of the history; a directory where a
+.jsonl file should be is skipped the same way.
 
 Only trials that ran to a result are recorded (record.py): a failed trial measures
 nothing, and its commit would otherwise enter the series with no value. A trial is
@@ -61,6 +61,9 @@ class Record:
   tf_version: str = ""        # TensorFlow's version in the trial ('' in early records)
   side: str = ""              # an A/B's 'base' or 'head' ('' for bench and early records)
   jit_compile: bool | None = None   # The run's XLA choice (null: recorded before it existed).
+  # TensorFlow's {intra_op, inter_op} pools the trial ran in (null: recorded before
+  # 2026-11-28). Its calibration ran in them too, so `compare` must know them.
+  thread_pools: dict | None = None
   schema: int = SCHEMA
 
   @property
@@ -81,7 +84,7 @@ FIELD_TYPES = {
     "recorded": str, "workload": str, "target_metric": str, "target": (*_NUMBER, type(None)),
     "higher_is_better": bool, "calibration": (dict, type(None)),
     "machine_info": (dict, type(None)), "tf_version": str, "side": str, "schema": int,
-    "jit_compile": (bool, type(None))}
+    "jit_compile": (bool, type(None)), "thread_pools": (dict, type(None))}
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 REQUIRED = tuple(f.name for f in dataclasses.fields(Record)
                  if f.default is dataclasses.MISSING)

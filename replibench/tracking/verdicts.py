@@ -22,7 +22,7 @@ import numpy as np
 from replibench.tracking import paired
 
 ALL_CONFIGS = "all configs"
-UNRESOLVED = "unresolved"   # how a row's note starts when "no change" could not tell
+UNRESOLVED = "unresolved"   # how the note of a Row.unresolved starts
 # metric -> (label, lower is better); final_metric's direction comes from the workload.
 METRICS = {"time_to_target_s": ("time to target (s)", True),
            "steps_to_target": ("steps to target", True),
@@ -63,6 +63,7 @@ class Row:
   estimate: paired.Estimate | None
   verdict: str
   note: str = ""
+  unresolved: bool = False   # "no change" whose interval admits a loss beyond the minimum
 
   def to_dict(self) -> dict:
     d = dataclasses.asdict(self)
@@ -111,14 +112,21 @@ def _row_note(est: paired.Estimate | None, verdict: str, lower_is_better: bool,
   elif est is not None and est.order_effect is not None and abs(est.order_effect - 1) >= 0.02:
     note = (f"order effect {est.order_effect:.3f} (ratio when base ran first / when head "
             f"ran first), modelled")
-  worst = paired.worst_case_loss(est, lower_is_better)
-  if verdict == paired.NO_CHANGE and worst is not None and worst > min_effect:
+  if _unresolved(est, verdict, lower_is_better, min_effect):
     # "No change" here means the pairs could not tell, not that nothing changed: say so,
     # so that a gate does not read a noisy run as a clean one.
+    worst = paired.worst_case_loss(est, lower_is_better)
     note = "; ".join(x for x in (
         f"{UNRESOLVED}: the interval admits a loss of up to {worst:.0%} (the minimum "
         f"effect is {min_effect:.0%}); more pairs or a quieter machine", note) if x)
   return note
+
+
+def _unresolved(est: paired.Estimate | None, verdict: str, lower_is_better: bool,
+                min_effect: float) -> bool:
+  """A "no change" whose interval admits a loss larger than the minimum effect."""
+  worst = paired.worst_case_loss(est, lower_is_better)
+  return verdict == paired.NO_CHANGE and worst is not None and worst > min_effect
 
 
 def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better: bool,
@@ -130,7 +138,8 @@ def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better:
                               orders=[p.order for p in kept], rounds=[p.round for p in kept],
                               trimmed=trimmed)
   note = _row_note(est, verdict, lower_is_better, min_effect)
-  return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note)
+  return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note,
+             unresolved=_unresolved(est, verdict, lower_is_better, min_effect))
 
 
 def convergence_row(config: str, pairs: Sequence[Pair], level: float = paired.LEVEL) -> Row:
