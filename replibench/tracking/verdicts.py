@@ -96,7 +96,7 @@ def _describe(values: list[float]) -> str:
   return f"{text} (median of {len(values)})"
 
 
-def _row_note(est: paired.Estimate | None, verdict: str, lower_is_better: bool,
+def _row_note(est: paired.Estimate | None, unresolved: bool, lower_is_better: bool,
               min_effect: float) -> str:
   """What the row's reader must know beside its numbers: how the pairs were pooled, an
   order effect, and whether a "no change" could see a loss of the minimum effect."""
@@ -112,7 +112,7 @@ def _row_note(est: paired.Estimate | None, verdict: str, lower_is_better: bool,
   elif est is not None and est.order_effect is not None and abs(est.order_effect - 1) >= 0.02:
     note = (f"order effect {est.order_effect:.3f} (ratio when base ran first / when head "
             f"ran first), modelled")
-  if _unresolved(est, verdict, lower_is_better, min_effect):
+  if unresolved:
     # "No change" here means the pairs could not tell, not that nothing changed: say so,
     # so that a gate does not read a noisy run as a clean one.
     worst = paired.worst_case_loss(est, lower_is_better)
@@ -137,9 +137,10 @@ def metric_row(config: str, metric: str, pairs: Sequence[Pair], lower_is_better:
   est, verdict = paired.judge(base, head, lower_is_better, min_effect, level,
                               orders=[p.order for p in kept], rounds=[p.round for p in kept],
                               trimmed=trimmed)
-  note = _row_note(est, verdict, lower_is_better, min_effect)
+  unresolved = _unresolved(est, verdict, lower_is_better, min_effect)
+  note = _row_note(est, unresolved, lower_is_better, min_effect)
   return Row(config, metric, label, _describe(base), _describe(head), est, verdict, note,
-             unresolved=_unresolved(est, verdict, lower_is_better, min_effect))
+             unresolved)
 
 
 def convergence_row(config: str, pairs: Sequence[Pair], level: float = paired.LEVEL) -> Row:
