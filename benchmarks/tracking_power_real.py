@@ -30,6 +30,8 @@ skips what this machine (machine.fingerprint) has done and goes on:
              failed trial) is recorded as `failed` and not counted: it is run again.
              Each A/B gets a fresh directory (an interrupted A/B is not resumed: its
              pairs' two trials would not run back to back).
+             An A/A needs no calibration: `runs --targets= --aa_runs=N` runs A/As
+             alone, of HEAD, on a machine that has none.
   report     The power table per machine from the ledger: caught k of n (slowdowns),
              alarms k of n (A/A), each run's interval; --markdown for the README.
 
@@ -232,9 +234,40 @@ def run_line(kind: str, target: float, k: int, base: str, head: str, run: dict) 
   judged = judged_row(compact)
   return {"kind": kind, "target": target_key(target), "k": k, "verdict": verdict,
           "judged": {"metric": judged[0], **judged[1]} if judged else None, "rows": compact,
+          "called_by": called_by(run["ab"]),
           "failed": failed, "commit": base, "head": head, "exit_code": run["exit_code"],
           "minutes": run["minutes"], "suite": run["ab"]["suites"][0]["suite"],
           "design": design_key(run["ab"]["suites"][0]["suite"]), **_stamp()}
+
+
+def called_by(ab_json: dict) -> list[dict]:
+  """Every row of the A/B that called a regression, a configuration's as well as the
+  pooled ones (the verdict counts any row, as the tracker's exit code does): config,
+  metric, ratio and interval."""
+  out = []
+  for suite in ab_json["suites"]:
+    for row in suite["rows"]:
+      if row["verdict"] == "regression":
+        e = row.get("estimate") or {}
+        out.append({"config": row["config"], "metric": row["metric"],
+                    **{k: e.get(k) for k in ("ratio", "low", "high")}})
+  return out
+
+
+def _called_text(line: dict) -> str:
+  """" R" where the judged row called the regression; " R: <row> <interval>" where only
+  other rows did (lines written before called_by existed: " R")."""
+  if line["verdict"] != "regression":
+    return ""
+  judged = (line.get("judged") or {}).get("metric")
+  rows = line.get("called_by") or []
+  if not rows or any(r["config"] == "all configs" and r["metric"] == judged for r in rows):
+    return " R"
+  def one(r):
+    interval = (f" {r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+                if r.get("low") is not None else "")
+    return f"{r['config']} {r['metric']}{interval}"
+  return " R: " + ", ".join(one(r) for r in rows)
 
 
 def design_key(suite: str) -> str:
@@ -361,15 +394,43 @@ def report(lines: list[dict], markdown: bool = False) -> str:
           else (str(k) if kind == "slowdown" else "-")
       minutes = sorted(g["minutes"] for g in ok)
       median = f"{minutes[len(minutes) // 2]:.1f}" if minutes else "-"
-      intervals = "; ".join(_interval(g) + (" R" if g["verdict"] == "regression" else "")
-                            for g in ok)
+      intervals = "; ".join(_interval(g) + _called_text(g) for g in ok)
       out.append(f"| {kind} | {target if kind != 'aa' else '-'} | {cost} | {word} {called} of "
                  f"{len(ok)} | {goal} | {len(group) - len(ok)} | {median} | {intervals} | "
                  f"{design or '-'} |")
     commits = sorted({line.get("commit", "")[:10] for line in mine})
-    out.append(f"(base commit(s) {', '.join(commits)}; R: a regression called)")
+    out.append(f"(base commit(s) {', '.join(commits)}; R: a regression called, by the "
+               f"judged row unless the rows that called it follow)")
     out.append("")
+  out += _aa_across_machines(lines, markdown)
   return "\n".join(out) if out else "the ledger holds no run yet"
+
+
+def _aa_across_machines(lines: list[dict], markdown: bool) -> list[str]:
+  """A/A alarms of each design summed over machines: a false alarm is the tracker's
+  property on the fleet's 2-core machines (the goal's "these machines"), and an A/A
+  needs no calibration, so every machine's A/As count; each machine's own count is in
+  its table above. Empty when no design ran A/As on more than one machine."""
+  by_design: dict[str, dict[str, list[dict]]] = {}
+  for line in lines:
+    if line.get("kind") == "aa" and line.get("verdict") != "failed" and "machine" in line:
+      by_design.setdefault(line.get("design") or "-", {}).setdefault(
+          line["machine"], []).append(line)
+  rows = []
+  for design, machines in by_design.items():
+    if len(machines) < 2:
+      continue
+    runs = [line for group in machines.values() for line in group]
+    called = sum(line["verdict"] == "regression" for line in runs)
+    _, need, of = GOALS["aa"]
+    each = "; ".join(f"{fp}: {sum(g['verdict'] == 'regression' for g in group)} of "
+                     f"{len(group)}" for fp, group in machines.items())
+    rows.append(f"| {design} | alarms {called} of {len(runs)} | <= {need} of {of} | {each} |")
+  if not rows:
+    return []
+  return [f"{'## ' if markdown else ''}A/A across machines",
+          "| design | called a regression | goal | per machine |", "|---|---|---|---|",
+          *rows, ""]
 
 
 def main() -> int:

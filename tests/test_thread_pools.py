@@ -58,3 +58,19 @@ def test_plan_shows_the_pools():
       "intra-op 1, inter-op 2")
   assert threads(load_experiment(config, ["Experiment.intra_op_threads = 0"])).startswith(
       "intra-op TensorFlow's default")
+
+
+def test_plan_warns_that_one_inter_op_thread_undoes_gradient_buckets():
+  """An explicit pool of one inter-op thread wins over the buckets' own raise to two
+  (the regime is built before the run sizes the pools): legal, but plan says the
+  buckets then overlap nothing."""
+  config = [f"{helpers.REPO}/configs/resnet/scaling.gin"]
+  buckets = "regimes.Sync.bucket_bytes = 65536"
+  shown = threads(load_experiment(config, [buckets, "Experiment.inter_op_threads = 1"]))
+  assert shown.startswith("intra-op TensorFlow's default (one a core), inter-op 1 (warning: "
+                          "Experiment.inter_op_threads = 1 with regimes.Sync.bucket_bytes "
+                          "= 65536"), shown
+  assert "overlap nothing" in shown
+  assert "warning" not in threads(load_experiment(config, [buckets,
+                                                           "Experiment.inter_op_threads = 2"]))
+  assert "warning" not in threads(load_experiment(config, ["Experiment.inter_op_threads = 1"]))

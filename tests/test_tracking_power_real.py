@@ -15,13 +15,20 @@ def script():
   return helpers.benchmark_script("tracking_power_real")
 
 
-def _ab(ratio: float, low: float, high: float, verdict: str, failed=()) -> dict:
-  """An ab.json as `replibench ab` writes it, the pooled rows only."""
+def _ab(ratio: float, low: float, high: float, verdict: str, failed=(),
+        config_row=None) -> dict:
+  """An ab.json as `replibench ab` writes it: the pooled rows, and config_row (a
+  configuration's row: (config, verdict, ratio, low, high)) where given."""
   row = lambda metric, v: {"config": "all configs", "metric": metric, "verdict": v,  # noqa: E731
                            "estimate": {"ratio": ratio, "low": low, "high": high}}
+  rows = [row("median", verdict), row("time_to_target_s", "no change")]
+  if config_row:
+    config, v, r, lo, hi = config_row
+    rows.append({"config": config, "metric": "median", "verdict": v,
+                 "estimate": {"ratio": r, "low": lo, "high": hi}})
   return {"suites": [{"suite": "resnet", "failed": list(failed),
                       "pairs": [{"config": "replicas=1"}, {"config": "workers=2"}],
-                      "rows": [row("median", verdict), row("time_to_target_s", "no change")]}]}
+                      "rows": rows}]}
 
 
 class FakeAB:
@@ -129,6 +136,8 @@ def test_the_report_gives_each_machines_power_table(script, tmp_path, ledger):
   assert "| slowdown | 0.1 | 12 (9.8%) | caught 2 of 2 | >= 9 of 10 | 1 | 13.0 |" in a
   assert "0.900 [0.860, 0.940] R" in a
   assert "alarms 1 of 1" in b and "0.930 [0.900, 0.960] R" in b
+  # The A/As of one design summed over machines (the fake line has no design: "-").
+  assert "## A/A across machines" not in text   # fp-a's runs are of the suite's design
 
 
 def test_a_new_design_starts_a_new_count(script, tmp_path, ledger, monkeypatch):
@@ -141,3 +150,36 @@ def test_a_new_design_starts_a_new_count(script, tmp_path, ledger, monkeypatch):
   assert len(fake.calls) == 2
   text = script.report(script.read_ledger(ledger))
   assert text.count("alarms 0 of 2") == 2 and "| a smaller design |" in text
+
+
+def test_aa_runs_need_no_calibration_and_sum_over_machines(script, tmp_path, ledger,
+                                                           monkeypatch):
+  """A machine without a calibration runs A/As of HEAD with --targets= ; the report sums
+  each design's A/A alarms over machines, with each machine's count beside it."""
+  script.runs(_args(tmp_path, runs=0, aa_runs=2), ab_runner=FakeAB())
+  monkeypatch.setattr(script.machine, "fingerprint", lambda info=None: "fp-b")
+  monkeypatch.setattr(script.tracking_power, "git", lambda *a: "d" * 40)
+  fake = FakeAB()
+  script.runs(_args(tmp_path, targets="", runs=0, aa_runs=3), ab_runner=fake)
+  assert [(b, h) for b, h, _ in fake.calls] == [("d" * 40, "d" * 40)] * 3
+  text = script.report(script.read_ledger(ledger), markdown=True)
+  across = text.split("## A/A across machines")[1]
+  assert "alarms 0 of 5 | <= 1 of 20 | fp-a: 0 of 2; fp-b: 0 of 3 |" in across
+
+
+def test_a_regression_called_by_a_configurations_row_is_named(script, tmp_path, ledger):
+  """The ledger keeps every row that called a regression; the report names them where
+  the judged (pooled) row did not call it."""
+  class OneConfig(FakeAB):
+    def __call__(self, base, head, workdir, args):
+      self.calls.append((base, head, workdir))
+      return {"exit_code": 1, "minutes": 9.0,
+              "ab": _ab(0.983, 0.936, 1.032, "no change",
+                        config_row=("workers=2", "regression", 0.959, 0.922, 0.997))}
+  script.runs(_args(tmp_path, runs=0, aa_runs=1), ab_runner=OneConfig())
+  line = [x for x in script.read_ledger(ledger) if x["kind"] == "aa"][0]
+  assert line["verdict"] == "regression"
+  assert line["called_by"] == [{"config": "workers=2", "metric": "median", "ratio": 0.959,
+                                "low": 0.922, "high": 0.997}]
+  text = script.report(script.read_ledger(ledger))
+  assert "0.983 [0.936, 1.032] R: workers=2 median 0.959 [0.922, 0.997]" in text

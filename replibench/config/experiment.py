@@ -84,6 +84,20 @@ class Experiment:
       self.profile_steps = inputs.step_range("Experiment.profile_steps", self.profile_steps,
                                              self.total_steps)
 
+  def thread_pool_warning(self) -> str | None:
+    """What the thread pools chosen undo, or None. A pool of one inter-op thread runs
+    the backward pass inline and leaves a ready bucket's collective queued until it
+    ends (regimes/base.py inter_op_threads_for_buckets, which only raises TensorFlow's
+    default): an explicit Experiment.inter_op_threads = 1 wins over it, legal but with
+    buckets that hide nothing."""
+    bucket_bytes = getattr(self._spec.regime, "bucket_bytes", 0)
+    if self.inter_op_threads == 1 and bucket_bytes:
+      return (f"Experiment.inter_op_threads = 1 with regimes.Sync.bucket_bytes = "
+              f"{bucket_bytes}: with one inter-op thread each bucket's all-reduce waits "
+              f"for the whole backward pass, so the buckets overlap nothing; use 2 or more "
+              f"inter-op threads (or 0, the default), or bucket_bytes = 0.")
+    return None
+
   def _check_model_parallel(self) -> None:
     """A replica spanning devices needs a workload whose models can be split: refused
     with that workload's own advice (not another workload's) where they cannot."""

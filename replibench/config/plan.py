@@ -89,8 +89,10 @@ def threads(experiment: Experiment) -> str:
   """TensorFlow's pools as the run will size them (Experiment.*_op_threads)."""
   def size(n: int) -> str:
     return str(n) if n else "TensorFlow's default (one a core)"
+  warning = experiment.thread_pool_warning()
   return (f"intra-op {size(experiment.intra_op_threads)}, "
-          f"inter-op {size(experiment.inter_op_threads)}")
+          f"inter-op {size(experiment.inter_op_threads)}"
+          + (f" (warning: {warning})" if warning else ""))
 
 
 def batch_norm(kinds: set[str]) -> str | None:
