@@ -27,13 +27,17 @@ AUTO = "auto"
 CHOICES = (True, False, AUTO)
 
 # 'auto' on a CPU, per workload class: True where XLA was the faster in every config
-# measured, False otherwise (results/compile/README.md, `make bench-compile`, 2-core Zen 4,
-# 2026-11-27: XLA / graph examples/s). Absent: False.
+# measured, False otherwise (results/compile/README.md, `make bench-compile`: XLA / graph
+# examples/s on a 2-core Zen 4, 2026-11-27; then on a 2-core Zen 5, 2026-11-28). Absent:
+# False.
 CPU_DEFAULTS = {
-    "ImageClassification": False,   # bench ResNet 0.84x and 0.69x; ResNet-50 0.59x
-    "ConditionalGAN": False,        # bench SN-GAN 0.71x and 0.77x; SN-GAN 128 0.91x
-    # Learner examples/s: states 1.04-1.14x (4 pairs, 1 and 2 replicas; time to target
-    # decided by the actors' timing, not the step), pixels 0.91x: not faster everywhere.
+    # bench ResNet 0.84x, 0.69x; Zen 5 0.76x, 0.92x. ResNet-50 0.59x; Zen 5 0.54x.
+    "ImageClassification": False,
+    # bench SN-GAN 0.71x, 0.77x; Zen 5 0.77x, 0.88x. SN-GAN 128 (no bench config) 0.91x;
+    # Zen 5 1.05x (3 pairs, 0.92-1.10).
+    "ConditionalGAN": False,
+    # Learner examples/s, states 1.04-1.14x (1 and 2 replicas; time to target decided by
+    # the actors' timing, not the step); Zen 5 0.83-1.01x. Pixels 0.91x; Zen 5 0.82x.
     "D4PG": False,
 }
 

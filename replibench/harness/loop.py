@@ -46,8 +46,9 @@ class _Run:
     self.init_start = time.monotonic()
     # Before anything starts TensorFlow's runtime, like the replicator's devices.
     devices.set_thread_pools(experiment.intra_op_threads, experiment.inter_op_threads)
-    if experiment.thread_pool_warning():
-      logging.warning(experiment.thread_pool_warning())
+    warning = experiment.thread_pool_warning()
+    if warning:
+      logging.warning(warning)
     self.replicator = engine.make_replicator(experiment.topology, self.spec.regime)
     # The machine's speed, before the workload starts anything that shares the cores
     # (D4PG's actors made it 20% noisier); not part of init.
