@@ -142,7 +142,8 @@ data:
 # (10 min 28 s wall); 05:10, commit 3dc97fa: 1018 passed, 9 skipped in 612.5 s;
 # 07:50, the history's thread pools: 1019 passed, 9 skipped in 576.8 s (9 min 46 s);
 # 08:38, c2c491c: 615.6 s. On a 2-core Zen 5 (family 26 model 2), 2026-11-28 10:03,
-# alone: 1022 passed, 9 skipped in 554.3 s (9 min 18 s wall, 4.6 GB max RSS).
+# alone: 1022 passed, 9 skipped in 554.3 s (9 min 18 s wall, 4.6 GB max RSS); 11:19,
+# the machine's fingerprint in result.json: 1023 passed, 9 skipped in 515.5 s.
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \

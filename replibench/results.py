@@ -127,6 +127,9 @@ class Machine(Record):
   # TensorFlow's pool sizes, {'intra_op': n, 'inter_op': n} (Experiment.*_op_threads;
   # null in files written before they were recorded).
   threads: dict | None = None
+  # replibench/machine.py's fingerprint (CPU vendor, family, model, stepping, kernel
+  # flags, cores): "AMD EPYC" names a Zen 4 and a Zen 5 alike. Null in older files.
+  fingerprint: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,8 @@ ALLOWED = {
 LEAVES = {"replibench.errors", "replibench.atomic", "replibench.internals",
           "replibench.results", "replibench.processes", "replibench.rates",
           "replibench.allocator", "replibench.inputs", "replibench.device_profile",
-          "replibench.native_logs", "replibench.cluster", "replibench.dirty"}
+          "replibench.native_logs", "replibench.cluster", "replibench.dirty",
+          "replibench.machine"}
 
 
 def _modules() -> dict[str, str]:

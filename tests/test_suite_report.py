@@ -209,6 +209,29 @@ def test_other_thread_pools_are_named_not_called_another_machine(tmp_path):
   assert compare(same, new).count("not comparable") == 0
 
 
+def test_another_cpu_kind_is_not_judged_on_time_whatever_its_calibration(tmp_path):
+  """Two CPU kinds of one name (a Zen 4 and a Zen 5 "AMD EPYC") whose calibrations are
+  27% apart, within a shared VM's drift: the fingerprints tell them apart, so time and
+  throughput get no verdict; one fingerprint keeps the calibration's rule."""
+  def kind(fp, convnet_gflops, slowdown=1.0):
+    def outcome(t):
+      out = _on_machine(convnet_gflops, slowdown)(t)
+      out["machine"]["fingerprint"] = fp
+      return out
+    return outcome
+  base = build_report(fake_sweep(str(tmp_path / "a"), kind("amd-epyc-f25m17-2c-aa", 52.0)))
+  other = build_report(fake_sweep(str(tmp_path / "b"),
+                                  kind("amd-epyc-f26m2-2c-bb", 66.0, slowdown=1.5)))
+  result = compare(other, base)
+  time_rows = [r for r in result.rows if r.metric in ("time to target (s)", "examples/s")]
+  assert time_rows and all(r.decision.verdict == "not comparable" for r in time_rows)
+  assert result.exit_code == 0 and "fingerprint amd-epyc-f25m17-2c-aa -> " in str(result)
+  same = build_report(fake_sweep(str(tmp_path / "c"),
+                                 kind("amd-epyc-f25m17-2c-aa", 66.0, slowdown=1.5)))
+  assert ("replicas=1", "time to target (s)") in {(r.config, r.metric)
+                                                  for r in compare(same, base).regressions}
+
+
 def test_a_baseline_without_calibration_judges_no_time(tmp_path):
   base = build_report(fake_sweep(str(tmp_path / "a")))
   base.calibration = None

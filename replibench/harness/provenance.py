@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from replibench import allocator, dirty
+from replibench import machine as machine_id
 from replibench.engine import devices
 
 # The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
@@ -134,12 +135,13 @@ def machine(calibration: dict | None = None) -> dict:
   """CPU model and ISA flags, cores usable by this process, accelerators TensorFlow
   sees with their peak memory in use (bytes, this process), the calibration
   measured at run start (None if none was), the malloc settings (allocator.py:
-  they move CPU step times by up to 2x) and TensorFlow's thread pools."""
+  they move CPU step times by up to 2x), TensorFlow's thread pools and the machine's
+  fingerprint (replibench/machine.py)."""
   return {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)),
           "isa_flags": isa_flags(), "accelerators": _accelerators(),
           "accelerator_peak_memory_bytes": accelerator_peak_memory(),
           "calibration": calibration, "malloc": allocator.describe(),
-          "threads": devices.thread_pools()}
+          "threads": devices.thread_pools(), "fingerprint": machine_id.fingerprint()}
 
 
 def versions() -> dict:

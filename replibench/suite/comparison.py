@@ -17,7 +17,9 @@ harness/provenance.py; a report holds its trials' median) tells how far apart th
 two machines are. Within 10%: judged as they are. Between 10% and 1.5x: judged,
 and every such row and the warnings say the machines differ (a suite's median
 calibration moved 14-40% between runs of one commit on one shared VM, while
-machine generations differ ~4x). Beyond 1.5x: no verdict ("not comparable"). The
+machine generations differ ~4x). Beyond 1.5x, or where both reports name their
+machines' fingerprints (replibench/machine.py: CPU family, model, kernel flags, cores)
+and these differ: no verdict ("not comparable"). The
 calibration runs in the run's own TensorFlow thread pools (Experiment.*_op_threads),
 so reports whose trials ran in different pools are not comparable on time either,
 and say why, rather than calling it a change of machine.
@@ -256,6 +258,13 @@ def match_machines(new: Report, base: Report) -> MachineMatch:
   ratios = {k: new_cal[k] / base_cal[k] for k in (NORMALIZE_KEY, "matmul_gflops")}
   text = ", ".join(f"{k} {base_cal[k]:.0f} -> {new_cal[k]:.0f}" for k in ratios)
   apart = max(max(r, 1 / r) for r in ratios.values())
+  base_fp, new_fp = base.machine.get("fingerprint"), new.machine.get("fingerprint")
+  if base_fp and new_fp and base_fp != new_fp:
+    # Another CPU kind (a Zen 4 and a Zen 5 share a name and every AVX-512 flag): the
+    # calibration's gap can be inside the shared-VM drift while a workload's is not.
+    return MachineMatch(False, ratios[NORMALIZE_KEY],
+                        f"machines differ: fingerprint {base_fp} -> {new_fp} (calibration "
+                        f"{text} GFLOP/s)")
   if apart <= 1 + MACHINE_TOLERANCE:
     return MachineMatch(True, ratios[NORMALIZE_KEY],
                         f"calibrations within {MACHINE_TOLERANCE:.0%} ({text})")
