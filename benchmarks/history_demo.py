@@ -24,7 +24,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from replibench.tracking import dashboard, machine, store  # noqa: E402
+from replibench import machine  # noqa: E402
+from replibench.tracking import dashboard, store  # noqa: E402
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

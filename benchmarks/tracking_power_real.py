@@ -58,7 +58,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tracking_power  # noqa: E402
 
-from replibench.tracking import ab, machine, probe, revisions, suites  # noqa: E402
+from replibench import machine  # noqa: E402
+from replibench.tracking import ab, probe, revisions, suites  # noqa: E402
 
 REPO = tracking_power.REPO
 LEDGER = os.path.join(REPO, "results", "tracking", "power_real", "runs.jsonl")

@@ -7,14 +7,14 @@ from typing import Sequence
 
 import numpy as np
 
-from replibench import inputs
+from replibench import inputs, machine
 from replibench.errors import UserError
 from replibench.suite import aggregate
 from replibench.suite import comparison as compare_lib
 from replibench.suite import report as report_lib
 from replibench.suite import results as suite_results
 from replibench.tracking import ab as ab_lib
-from replibench.tracking import ab_report, dashboard, machine, probe, record, revisions, store
+from replibench.tracking import ab_report, dashboard, probe, record, revisions, store
 from replibench.tracking import suites, validate, verdicts
 from replibench.tracking import workdir as workdir_lib
 

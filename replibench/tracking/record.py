@@ -9,10 +9,10 @@ names the file), and only when every trial ran from one committed revision.
 import dataclasses
 import os
 
-from replibench import atomic, results
+from replibench import atomic, machine, results
 from replibench.errors import UserError
 from replibench.suite import results as suite_results
-from replibench.tracking import machine, revisions, store
+from replibench.tracking import revisions, store
 from replibench.tracking.suites import Suite
 
 SWEEP_MANIFEST = suite_results.MANIFEST_FILE

@@ -42,7 +42,7 @@ class Record:
   """One trial as the history keeps it."""
   commit: str                 # full sha
   commit_time: str            # committer date, ISO 8601 (orders the series)
-  machine: str                # fingerprint (tracking/machine.py)
+  machine: str                # fingerprint (replibench/machine.py)
   suite: str
   config: str                 # the sweep's configuration label, e.g. 'replicas=2'
   seed: int
