@@ -30,6 +30,11 @@ class Cluster:
   task_type: str
   task_index: int
 
+  @property
+  def address(self) -> str:
+    """This task's 'host:port' in the cluster."""
+    return self.jobs[self.task_type][self.task_index]
+
   def count(self, job: str) -> int:
     return len(self.jobs.get(job, []))
 

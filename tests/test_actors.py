@@ -1,10 +1,10 @@
-"""dm_control environments, the numpy acting policy, shared weights and the actor pool.
+"""dm_control environments, the numpy acting policy, the weight stream and the actor pool.
 
 Pool tests use cartpole-swingup with 5-step episodes and 8-unit policies; every
 wait is bounded by a deadline, so a regression fails instead of hanging.
 """
 
-import multiprocessing
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +21,7 @@ from replibench.rl import actors
 from replibench.rl import envs
 from replibench.rl import numpy_policy
 from replibench.rl import replay
-from replibench.rl import shared_weights
+from replibench.rl import weight_service
 
 DEADLINE_S = 90.0  # Per wait; start-up of spawned actors takes a few seconds.
 
@@ -129,17 +129,81 @@ def test_numpy_policy_matches_the_keras_actor(pixels, obs_shape):
     policy.set_weights(weights[:-1])
 
 
-def test_shared_weights_versions_and_shapes():
-  ctx = multiprocessing.get_context("spawn")
-  weights = shared_weights.SharedWeights(ctx, [(2, 3), (3,)])
-  assert weights.version == 0 and weights.read(0) is None
-  first = [np.ones((2, 3)), np.arange(3.0)]
-  assert weights.write(first) == 1
-  version, got = weights.read(0)
-  assert version == 1 and all(np.array_equal(a, b) for a, b in zip(got, first))
-  assert weights.read(1) is None  # Nothing newer.
-  with pytest.raises(ValueError, match="shapes"):
-    weights.write([np.ones((3, 2)), np.ones(3)])
+def _wait_for(condition, what):
+  deadline = time.monotonic() + DEADLINE_S
+  while not (got := condition()):
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.01)
+  return got
+
+
+def test_weights_are_pushed_newest_version_first_and_shapes_are_kept():
+  server = weight_service.WeightServer([(2, 3), (3,)])
+  subscriber = server.source().subscribe()
+  try:
+    assert server.version == 0 and subscriber.read(0) is None
+    first = [np.ones((2, 3)), np.arange(3.0)]
+    assert server.publish(first) == 1
+    version, got = _wait_for(lambda: subscriber.read(0), "version 1")
+    assert version == 1 and all(np.array_equal(a, b) for a, b in zip(got, first))
+    assert all(a.dtype == np.float32 for a in got)
+    assert subscriber.read(1) is None   # Nothing newer.
+    # A burst of versions: whatever the stream skipped, the newest arrives, whole.
+    for k in range(2, 40):
+      server.publish([np.full((2, 3), k), np.full(3, -k)])
+    _wait_for(lambda: (subscriber.read(38) or (0,))[0] == 39, "version 39")
+    _, got = subscriber.read(38)
+    assert (got[0] == 39).all() and (got[1] == -39).all()
+    with pytest.raises(ValueError, match="shapes"):
+      server.publish([np.ones((3, 2)), np.ones(3)])
+  finally:
+    subscriber.close()
+    server.stop()
+
+
+def test_a_subscriber_started_before_the_first_push_and_one_after_a_stop():
+  server = weight_service.WeightServer([(4,)])
+  early = server.source().subscribe()
+  late = None
+  try:
+    server.publish([np.arange(4.0)])
+    _wait_for(lambda: early.read(0), "the first push")
+    late = server.source().subscribe()     # Joins later: gets the newest version at once.
+    assert _wait_for(lambda: late.read(0), "the late subscriber's push")[0] == 1
+  finally:
+    started = time.monotonic()
+    server.stop()                # Open streams end with the server, promptly.
+    assert time.monotonic() - started < 5.0
+    _wait_for(lambda: early.errors >= 1, "the broken stream")
+    early.close()
+    if late is not None:
+      late.close()
+
+
+def test_weight_server_listens_on_loopback_or_on_this_tasks_tf_config_host(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  assert weight_service.serving_host() == "127.0.0.1"
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["127.0.0.1:2222", "127.0.0.2:2223"]},
+      "task": {"type": "worker", "index": 1}}))
+  assert weight_service.serving_host() == "127.0.0.2"
+  server = weight_service.WeightServer([(1,)], weight_service.serving_host())
+  try:
+    assert server.address.startswith("127.0.0.2:")
+  finally:
+    server.stop()
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["[::1]:2222"]}, "task": {"type": "worker", "index": 0}}))
+  assert weight_service.serving_host() == "::1"
+
+
+def test_the_actor_side_of_the_weight_stream_loads_no_tensorflow():
+  """An actor imports the subscriber: grpcio alone, never TensorFlow (EGL, numpy_policy)."""
+  done = subprocess.run(
+      [sys.executable, "-c", "import sys, replibench.rl.actor_loop; "
+       "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))"],
+      capture_output=True, text=True, check=True, timeout=120)
+  assert done.stdout.strip() == "[]", done.stdout[:500]
 
 
 # -- the actor pool -------------------------------------------------------------

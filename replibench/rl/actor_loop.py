@@ -3,12 +3,12 @@
 The process imports numpy and dm_control but never TensorFlow (EGL rendering and
 TensorFlow cannot share a process; see numpy_policy.py): the policy is the actor
 network evaluated in numpy on one BLAS thread. It steps its own environment with
-its own seed, acts with the latest published policy plus Gaussian noise (none for
-the evaluator), turns steps into n-step transitions and sends messages to the
-learner over a pipe:
+its own seed, acts with the latest policy the learner pushed (a WeightSubscriber,
+weight_service.py) plus Gaussian noise (none for the evaluator), turns steps into
+n-step transitions and sends messages to the learner over a pipe:
 
   ('transitions', dict of arrays [N, ...])   (actors only)
-  ('stats', {'env_steps', 'env_steps_per_s', 'weights_version', 'pid'})
+  ('stats', {'env_steps', 'env_steps_per_s', 'weights_version', 'weights_errors', 'pid'})
   ('episode', {'return', 'length', 'weights_version', 'env_steps'})
   ('error', traceback text)                   (then exit code 1)
 
@@ -33,6 +33,7 @@ import numpy as np
 from replibench.rl import envs
 from replibench.rl import nstep
 from replibench.rl import numpy_policy
+from replibench.rl import weight_service
 
 _POLL_S = 0.1  # Longest wait on anything before re-checking stop/learner liveness.
 
@@ -44,7 +45,7 @@ class ActorConfig:
 
   policy_sizes/embed_dim must match the learner's D4PGNetworks. sigma: std of
   the Gaussian exploration noise (actions are clipped to bounds afterwards).
-  weight_poll_steps: agent steps between checks for newer weights.
+  weight_poll_steps: agent steps between swaps to the newest pushed weights.
   send_every: transitions per message. outbox_size: messages an actor holds
   before it waits for the learner.
   """
@@ -121,7 +122,7 @@ class _Outbox:
 
 
 class _Policy:
-  """NumpyPolicy kept current from SharedWeights."""
+  """NumpyPolicy kept current from the learner's pushed weights (a WeightSubscriber)."""
 
   def __init__(self, config: ActorConfig, env, weights):
     obs_spec, action_spec = env.observation_spec(), env.action_spec()
@@ -149,13 +150,15 @@ class _Policy:
     return self._net(observation)
 
 
-def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weights):
+def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox,
+         source: weight_service.WeightSource):
   rng = np.random.default_rng(seed)
   env = envs.make_env(config.env, seed)
+  weights = source.subscribe()
   policy = _Policy(config, env, weights)
-  while not policy.refresh():  # The pool publishes before starting us.
+  while not policy.refresh():  # The pool publishes before starting us: the first push.
     outbox.check()
-    time.sleep(_POLL_S)
+    time.sleep(0.01)
   spec = env.action_spec()
   sigma = 0.0 if evaluator else config.sigma
   accumulator = nstep.NStepAccumulator(config.n_step, config.discount)
@@ -167,7 +170,8 @@ def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weigh
     rate = (steps - last_stats_steps) / max(now - last_stats_time, 1e-9)
     return {"env_steps": steps * config.env.action_repeat,
             "env_steps_per_s": rate * config.env.action_repeat,
-            "weights_version": policy.version, "pid": os.getpid()}
+            "weights_version": policy.version, "weights_errors": weights.errors,
+            "pid": os.getpid()}
 
   outbox.put(("stats", stats(last_stats_time)))
   while True:
@@ -201,8 +205,8 @@ def _run(config: ActorConfig, seed: int, evaluator: bool, outbox: _Outbox, weigh
                             "env_steps": steps * config.env.action_repeat}))
 
 
-def actor_main(config: ActorConfig, seed: int, evaluator: bool, conn, weights, stop_flag,
-               parent_pid: int) -> None:
+def actor_main(config: ActorConfig, seed: int, evaluator: bool, conn,
+               weights: weight_service.WeightSource, stop_flag, parent_pid: int) -> None:
   """Process entry point; exits 0 when told to stop, 1 after reporting an error.
 
   Ends with os._exit: interpreter teardown of the EGL/MuJoCo contexts can crash

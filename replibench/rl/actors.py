@@ -10,7 +10,8 @@
 
 Processes use the 'spawn' start method. Each actor has its own pipe whose write
 end only that actor holds, so a killed actor yields EOF instead of a hang or a
-corrupted shared queue; weights go through SharedWeights (lock-free seqlock).
+corrupted shared queue; weights are pushed to every actor over gRPC
+(weight_service.py: the pool's WeightServer, one stream an actor).
 A crashed actor (non-zero or unexpected exit, a reported exception, or no
 message for stall_timeout_s) is restarted with a new seed and a logged warning,
 up to max_restarts times over the pool's life; after that the pool stops all
@@ -40,7 +41,7 @@ import numpy as np
 
 from replibench.rl import envs
 from replibench.rl.actor_loop import ActorConfig, actor_main
-from replibench.rl.shared_weights import SharedWeights
+from replibench.rl import weight_service
 
 __all__ = ["ActorConfig", "ActorCrashError", "ActorPool"]
 
@@ -108,12 +109,14 @@ class ActorPool:
   crashed. max_messages: per actor per drain() call, so one fast actor cannot
   keep the learner draining forever. cores: pin every actor (and evaluator)
   process to these cores (rl/placement.py); None: they share this process's.
+  weights_host: where the weight server listens (weight_service.serving_host():
+  loopback, or this task's host in a TF_CONFIG cluster).
   """
 
   def __init__(self, config: ActorConfig | None = None, num_actors: int = 1, seed: int = 0,
                evaluator: bool = False, max_restarts: int = 3,
                stall_timeout_s: float = 300.0, max_messages: int = 256,
-               cores: set[int] | None = None):
+               cores: set[int] | None = None, weights_host: str = "127.0.0.1"):
     self.config = config or ActorConfig()
     envs.check_task(self.config.env.task)  # Fail in the learner, not in every child.
     if num_actors < 1:
@@ -124,12 +127,13 @@ class ActorPool:
     self.stall_timeout_s = stall_timeout_s
     self.max_messages = max_messages
     self.cores = set(cores) if cores else None
+    self.weights_host = weights_host
     self.restarts = 0
     self._ctx = multiprocessing.get_context("spawn")
     self._slots = [_Slot(f"actor-{i}", i, False) for i in range(num_actors)]
     if evaluator:
       self._slots.append(_Slot("evaluator", num_actors, True))
-    self._weights: SharedWeights | None = None
+    self._weights: weight_service.WeightServer | None = None
     self._stop_flag = self._ctx.RawValue("b", 0)
     self._eval_results = collections.deque(maxlen=10_000)  # Bounded if never read.
     self._running = False
@@ -140,8 +144,10 @@ class ActorPool:
     """Publishes the initial policy weights (fixing their shapes) and starts every process."""
     if self._running or self._weights is not None:
       raise RuntimeError("ActorPool.start() may be called once.")
-    self._weights = SharedWeights(self._ctx, [np.shape(w) for w in weights])
-    self._weights.write(weights)
+    self._weights = weight_service.WeightServer(
+        [np.shape(w) for w in weights], self.weights_host,
+        max_subscribers=len(self._slots) + self.max_restarts + 2)
+    self._weights.publish(weights)
     self._running = True
     atexit.register(self.stop)
     for slot in self._slots:
@@ -161,6 +167,7 @@ class ActorPool:
         slot.process.join(max(0.0, deadline - time.monotonic()))
     for slot in self._slots:
       self._end_process(slot)
+    self._weights.stop()
 
   def __enter__(self) -> "ActorPool":
     return self
@@ -178,7 +185,7 @@ class ActorPool:
     slot.process = self._ctx.Process(
         target=actor_main, name=f"replibench-{slot.name}", daemon=True,
         args=(self.config, self.actor_seed(slot.index, slot.incarnation), slot.evaluator,
-              writer, self._weights, self._stop_flag, os.getpid()))
+              writer, self._weights.source(), self._stop_flag, os.getpid()))
     child_env = {name: "1" for name in _THREAD_VARS}
     child_env["MUJOCO_GL"] = "egl" if self.config.env.pixels else "disable"
     with _spawn_conditions(child_env):
@@ -210,7 +217,7 @@ class ActorPool:
     """Makes new policy weights available to every actor; returns their version."""
     if self._weights is None:
       raise RuntimeError("ActorPool.publish() before start().")
-    return self._weights.write(weights)
+    return self._weights.publish(weights)
 
   @property
   def weights_version(self) -> int:

@@ -4,6 +4,7 @@ The paper's third TF-Replicator experiment: a distributed distributional
 actor-critic. Here, per learner process (one per worker):
 
   actors (ActorPool, 'spawn' processes, numpy policy, no TensorFlow)
+    <--gRPC-- policy weights pushed every publish_every_steps (rl/weight_service.py)
     --pipes--> ReplayFeeder: inbox -> replay (admitted only while the learner
     can use the data) -> per-replica batches (tf.data.Dataset.from_generator)
     --> step_fn on every replica: distributional critic + policy updates
@@ -40,6 +41,7 @@ from replibench.rl import envs
 from replibench.rl import evaluation
 from replibench.rl import placement
 from replibench.rl import replay as replay_lib
+from replibench.rl import weight_service
 from replibench.rl.feeder import ReplayFeeder
 from replibench.workloads import build_once, precision
 from replibench.workloads.base import TrainSpec, Workload
@@ -203,7 +205,8 @@ class D4PG(Workload):
     learner_cores, actor_cores = self._place()
     self.pool = actors_lib.ActorPool(
         config, num_actors=self.num_actors, seed=seed, evaluator=self.separate_evaluator,
-        max_restarts=self.max_restarts, max_messages=self.max_messages, cores=actor_cores)
+        max_restarts=self.max_restarts, max_messages=self.max_messages, cores=actor_cores,
+        weights_host=weight_service.serving_host())
     self.pool.start(self.networks.actor_weights())
     if learner_cores:
       allowed = placement.allowed_cores()
