@@ -108,10 +108,17 @@ class WeightServer:
     if shapes != self.shapes:
       raise ValueError(f"Published weight shapes {shapes} differ from the server's "
                        f"{self.shapes} (given to ActorPool.start).")
-    blob = b"".join(np.ascontiguousarray(w, np.float32).tobytes() for w in weights)
     with self._changed:
       version = self._latest[0] + 1
-      self._latest = (version, _VERSION.pack(version) + blob)
+      message = bytearray(_VERSION.size + self._bytes)   # One copy of the weights.
+      _VERSION.pack_into(message, 0, version)
+      flat = np.frombuffer(message, np.float32, offset=_VERSION.size)
+      offset = 0
+      for w in weights:
+        size = int(np.size(w))
+        flat[offset:offset + size] = np.ravel(w)
+        offset += size
+      self._latest = (version, bytes(message))
       self._changed.notify_all()
     return version
 
