@@ -1,0 +1,58 @@
+"""benchmarks/cpu_split.py: a run's CPU by thread name, child processes and idle cores;
+and benchmarks/learner_replicas.py's pairing arithmetic."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import helpers
+
+sys.path.insert(0, os.path.join(helpers.REPO, "benchmarks"))
+import learner_replicas  # noqa: E402  pylint: disable=wrong-import-position
+
+# A parent with one busy named thread and one busy child process, for ~3 s.
+_BUSY = textwrap.dedent("""
+    import ctypes, subprocess, sys, threading, time
+    def spin(name):
+      ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)   # PR_SET_NAME
+      end = time.time() + 3
+      while time.time() < end:
+        pass
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\\nend = time.time() + 3\\nwhile time.time() < end: pass"])
+    thread = threading.Thread(target=spin, args=("spinner",))
+    thread.start(); thread.join(); child.wait()
+""")
+
+
+def test_cpu_split_names_a_busy_thread_and_counts_its_child_process():
+  done = subprocess.run(
+      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.7", "--end_s=2.2", "--",
+       sys.executable, "-c", _BUSY], cwd=helpers.REPO, capture_output=True, text=True,
+      timeout=60)
+  assert done.returncode == 0, done.stderr[-2000:]
+  spinner = float(re.search(r"thread spinner +([\d.]+) cores", done.stdout).group(1))
+  children = float(re.search(r"child processes ([\d.]+)", done.stdout).group(1))
+  # Attribution, not speed: under a loaded test machine each still gets some CPU.
+  assert spinner > 0.05 and children > 0.05, done.stdout
+  assert "command exited 0" in done.stdout
+
+
+def test_cpu_split_refuses_a_window_past_the_commands_end():
+  done = subprocess.run(
+      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.1", "--end_s=1.5", "--",
+       sys.executable, "-c", "pass"], cwd=helpers.REPO, capture_output=True, text=True,
+      timeout=60)
+  assert done.returncode != 0 and "ended (0) before --end_s" in done.stderr
+
+
+def test_learner_replicas_interval_is_a_geometric_mean_with_a_t_interval():
+  ratio, low, high = learner_replicas._interval([0.9, 1.0, 1.1])
+  assert ratio == pytest.approx((0.9 * 1.0 * 1.1) ** (1 / 3))
+  assert low < ratio < high
+  with pytest.raises(SystemExit, match="replicas=N or workers=N"):
+    learner_replicas._setup("gpus=2")
