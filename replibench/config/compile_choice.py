@@ -31,13 +31,15 @@ CHOICES = (True, False, AUTO)
 # examples/s on a 2-core Zen 4, 2026-11-27; then on a 2-core Zen 5, 2026-11-28). Absent:
 # False.
 CPU_DEFAULTS = {
-    # bench ResNet 0.84x, 0.69x; Zen 5 0.76x, 0.92x. ResNet-50 0.59x; Zen 5 0.54x.
+    # bench ResNet 0.84x, 0.69x; Zen 5 0.76x, 0.92x. ResNet-50 0.59x; Zen 5 0.54x;
+    # Zen 4 2026-12-04: 0.58-0.70x over float32/bfloat16 x 1-2 replicas / 2 workers.
     "ImageClassification": False,
     # bench SN-GAN 0.71x, 0.77x; Zen 5 0.77x, 0.88x. SN-GAN 128 (no bench config) 0.91x;
-    # Zen 5 1.05x (3 pairs, 0.92-1.10).
+    # Zen 5 1.05x (3 pairs, 0.92-1.10); Zen 4 2026-12-04: 0.87x float32, 0.53x bfloat16.
     "ConditionalGAN": False,
     # Learner examples/s, states 1.04-1.14x (1 and 2 replicas; time to target decided by
-    # the actors' timing, not the step); Zen 5 0.83-1.01x. Pixels 0.91x; Zen 5 0.82x.
+    # the actors' timing, not the step); Zen 5 0.83-1.01x. Pixels 0.91x; Zen 5 0.82x;
+    # Zen 4 2026-12-04: 0.81-0.99x float32, 0.50-0.55x bfloat16.
     "D4PG": False,
 }
 

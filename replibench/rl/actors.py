@@ -249,7 +249,8 @@ class ActorPool:
     Returns {'env_steps', 'env_steps_per_s', 'restarts', 'weights_version',
     'actors': [per-actor dicts], 'evaluator': dict or None}; per-actor dicts hold
     name, pid, alive, incarnation, env_steps and episodes (over all incarnations),
-    env_steps_per_s, weights_version (the one it acts with), last_return.
+    env_steps_per_s, weights_version (the one it acts with), weights_errors (weight
+    streams that ended or broke and were opened again), last_return.
     """
     per_slot = []
     for slot in self._slots:
@@ -261,6 +262,7 @@ class ActorPool:
           "env_steps_per_s": slot.stats.get("env_steps_per_s", 0.0),
           "episodes": slot.episodes,
           "weights_version": slot.stats.get("weights_version", 0),
+          "weights_errors": slot.stats.get("weights_errors", 0),
           "last_return": slot.stats.get("last_return")})
     actors = [s for s, slot in zip(per_slot, self._slots) if not slot.evaluator]
     evaluator = [s for s, slot in zip(per_slot, self._slots) if slot.evaluator]

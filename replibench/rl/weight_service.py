@@ -49,8 +49,9 @@ def _sizes(shapes) -> list[int]:
   return [int(np.prod(s)) for s in shapes]
 
 
-def _unpack(blob: bytes, shapes) -> list[np.ndarray]:
-  flat = np.frombuffer(blob, np.float32)
+def _unpack(message: bytes, shapes) -> list[np.ndarray]:
+  """The arrays of a message (read-only views of it, past its version)."""
+  flat = np.frombuffer(message, np.float32, offset=_VERSION.size)
   offsets = np.cumsum([0] + _sizes(shapes))
   return [flat[a:b].reshape(s) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
 
@@ -110,7 +111,7 @@ class WeightServer:
                        f"{self.shapes} (given to ActorPool.start).")
     with self._changed:
       version = self._latest[0] + 1
-      message = bytearray(_VERSION.size + self._bytes)   # One copy of the weights.
+      message = bytearray(_VERSION.size + self._bytes)   # The arrays copied in once,
       _VERSION.pack_into(message, 0, version)
       flat = np.frombuffer(message, np.float32, offset=_VERSION.size)
       offset = 0
@@ -118,12 +119,13 @@ class WeightServer:
         size = int(np.size(w))
         flat[offset:offset + size] = np.ravel(w)
         offset += size
-      self._latest = (version, bytes(message))
+      self._latest = (version, bytes(message))             # then frozen (gRPC sends bytes).
       self._changed.notify_all()
     return version
 
   def _subscribe(self, request: bytes, context):
-    """The stream of one subscriber: every version newer than the one it has, newest first."""
+    """The stream of one subscriber: the newest version, each time there is one newer than
+    the last it was sent (versions published meanwhile are skipped)."""
     have = _VERSION.unpack(request)[0]
     context.add_callback(self._wake)   # The subscriber went away: end this stream now.
     while True:
@@ -190,7 +192,7 @@ class WeightSubscriber:
     if latest is None or latest[0] <= newer_than:
       return None
     version, message = latest
-    return version, _unpack(message[_VERSION.size:], self.shapes)
+    return version, _unpack(message, self.shapes)
 
   def close(self) -> None:
     self._closed.set()
