@@ -14,16 +14,16 @@ from tests import helpers
 sys.path.insert(0, os.path.join(helpers.REPO, "benchmarks"))
 import learner_replicas  # noqa: E402  pylint: disable=wrong-import-position
 
-# A parent with one busy named thread and one busy child process, for ~3 s.
+# A parent with one busy named thread and one busy child process, for ~2 s.
 _BUSY = textwrap.dedent("""
     import ctypes, subprocess, sys, threading, time
     def spin(name):
       ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)   # PR_SET_NAME
-      end = time.time() + 3
+      end = time.time() + 2
       while time.time() < end:
         pass
     child = subprocess.Popen([sys.executable, "-c",
-                              "import time\\nend = time.time() + 3\\nwhile time.time() < end: pass"])
+                              "import time\\nend = time.time() + 2\\nwhile time.time() < end: pass"])
     thread = threading.Thread(target=spin, args=("spinner",))
     thread.start(); thread.join(); child.wait()
 """)
@@ -31,7 +31,7 @@ _BUSY = textwrap.dedent("""
 
 def test_cpu_split_names_a_busy_thread_and_counts_its_child_process():
   done = subprocess.run(
-      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.7", "--end_s=2.2", "--",
+      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.5", "--end_s=1.4", "--",
        sys.executable, "-c", _BUSY], cwd=helpers.REPO, capture_output=True, text=True,
       timeout=60)
   assert done.returncode == 0, done.stderr[-2000:]

@@ -407,10 +407,13 @@ cmd_bench_cpu() {   # [WORKLOADS]: 1, 2, 4 and 8 worker processes, 2 cores each,
   if ((!DRY)) && [[ -z "${REPLIBENCH_FASHION_MNIST_DIR:-}" && ! -f "$FMNIST_SRC/${FMNIST_FILES[0]}" ]]; then
     say "no Fashion-MNIST: neither carried ($ACCEL/datasets) nor in $FMNIST_SRC"; exit 1
   fi
+  # D4PG alone: each 2-core worker's actors on a core of their own, the learner on the
+  # other (D4PG.actor_cores; issue 44: the learner scaling with its actors apart).
+  local extra=(); [[ "$workloads" == d4pg ]] && extra=(--gin_bindings="D4PG.actor_cores = 1")
   mkdir -p "$(out)"; begin "bench-cpu $workloads"
   (cd "$ROOT" && CUDA_VISIBLE_DEVICES= run timeout "$limit" "$py" benchmarks/scaling.py \
      --workloads="$workloads" --worker_counts=1,2,4,8 --cpus_per_worker=2 --rounds=1 \
-     2>&1 | tee "$(out)/scaling-cpu-${workloads//,/-}.txt") || say "bench-cpu stopped (exit $?)"
+     "${extra[@]}" 2>&1 | tee "$(out)/scaling-cpu-${workloads//,/-}.txt") || say "bench-cpu stopped (exit $?)"
   finish "bench-cpu $workloads"
 }
 
