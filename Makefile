@@ -144,6 +144,10 @@ data:
 # 08:38, c2c491c: 615.6 s. On a 2-core Zen 5 (family 26 model 2), 2026-11-28 10:03,
 # alone: 1022 passed, 9 skipped in 554.3 s (9 min 18 s wall, 4.6 GB max RSS); 11:19,
 # the machine's fingerprint in result.json: 1023 passed, 9 skipped in 515.5 s.
+# 2026-12-04, the 2-core Zen 4 on a slow day (its calibration 90-160 matmul GFLOP/s against
+# 176-185 on 2026-11-27; ResNet-50 24% slower on the same command), alone: 1029 passed,
+# 9 skipped in 797.6 s and then 924.9 s: over 15 minutes in the second run; the D4PG test
+# files took the same time on the previous main and on this change (alternated).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
