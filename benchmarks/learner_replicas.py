@@ -17,13 +17,11 @@ the ratios with a 95% t interval; writes every run to --out as JSON. Run it alon
 
 import argparse
 import json
-import math
 import os
 import time
 
-from scipy import stats
-
 import bench_runs   # benchmarks/bench_runs.py (this script's directory is on sys.path)
+from replibench.tracking import paired   # The A/B's own paired estimate.
 
 CONFIG = "configs/d4pg/learner_scaling.gin"
 # No evaluation or checkpoint inside the run: the learner and its actors only.
@@ -42,16 +40,6 @@ def _examples_per_s(label: str, steps: int, bindings: list[str]) -> float:
   cmd = bench_runs.command(CONFIG, kind, n, [*QUIET, *bindings], steps, "WORKDIR")
   result, _ = bench_runs.run(cmd, label)
   return float(result["examples_per_s"])
-
-
-def _interval(ratios: list[float]) -> tuple[float, float, float]:
-  logs = [math.log(r) for r in ratios]
-  mean = sum(logs) / len(logs)
-  if len(logs) < 2:
-    return math.exp(mean), float("nan"), float("nan")
-  sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-  half = stats.t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))
-  return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def main() -> None:
@@ -76,10 +64,11 @@ def main() -> None:
             f"{rates[label] / rates['replicas=1']:.3f}; {time.monotonic() - started:.0f} s",
             flush=True)
   for label in setups:
-    ratios = [r[label] / r["replicas=1"] for r in runs if r["setup"] == label]
-    ratio, low, high = _interval(ratios)
-    print(f"{label} / replicas=1 learner examples/s: {ratio:.3f} [{low:.3f}, {high:.3f}] "
-          f"(geometric mean of {len(ratios)} pairs, 95% t interval)")
+    pairs = [r for r in runs if r["setup"] == label]
+    est = paired.estimate(paired.log_ratios([r["replicas=1"] for r in pairs],
+                                            [r[label] for r in pairs]))
+    print(f"{label} / replicas=1 learner examples/s: {est.text()} "
+          f"(geometric mean of {est.n} pairs, 95% t interval)")
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump({"config": CONFIG, "steps": args.steps, "bindings": args.gin_bindings,
