@@ -244,6 +244,8 @@ def _nothing_written(repo, workdir):
     ("broken_base", r"at the base revision .* does not compile"),
     ("no_suite", r"base revision .* has no configs/fake/fake.sweep"),
     ("rounds", r"--rounds=0"),
+    ("mixed_xla", r"configuration replicas=1 resolves Experiment.jit_compile to False at the "
+                  r"base revision \w+ and to True at the head .*Nothing was run"),
     ("workdir_file", r"--workdir=.*is a file"),
     ("history_file", r"REPLIBENCH_HISTORY=.*is a file"),
 ])
@@ -257,7 +259,7 @@ def test_bad_input_is_refused_before_anything_is_checked_out_or_written(
     fakes.git(repo, "rm", "-q", "-rf", "configs")
     base = fakes.commit(repo, "no suite")
     fakes.git(repo, "checkout", "-q", "main")
-  fakes.commit(repo, "head", speed=0.9)
+  fakes.commit(repo, "head", speed=0.9, files={"xla.txt": "x"} if case == "mixed_xla" else {})
   if case == "broken_base":
     fakes.git(repo, "rm", "-q", "broken.txt")
     fakes.commit(repo, "fixed")
@@ -276,8 +278,9 @@ def test_bad_input_is_refused_before_anything_is_checked_out_or_written(
     monkeypatch.setenv(store.ENV_ROOT, str(tmp_path / "history"))
   if case != "workdir_file":
     _nothing_written(repo, workdir)
-  if case in ("configs", "binding", "rounds"):   # The corrected retry runs in that directory.
-    (outcome,), _ = _ab(repo, base, "HEAD", workdir=workdir, history=True)
+  if case in ("configs", "binding", "rounds", "mixed_xla"):   # The corrected retry runs there.
+    pinned = {"bindings": (fakes.GRAPH,)} if case == "mixed_xla" else {}
+    (outcome,), _ = _ab(repo, base, "HEAD", workdir=workdir, history=True, **pinned)
     assert len(outcome.pairs) == 6 and len(store.read()) == 12
 
 
@@ -319,12 +322,18 @@ def test_a_bisect_step_with_failed_trials_stops_with_exit_1_naming_them(repo):
 
 def test_the_compile_check_loads_a_revisions_configs_with_its_code():
   """The default validator: a subprocess of the revision's interpreter loads each
-  configuration as `replibench run` would; a binding that cannot compile is named."""
+  configuration as `replibench run` would and says whether its step compiles with XLA
+  (Experiment.jit_compile resolved); a binding that cannot compile is named."""
   rev = revisions.resolve(helpers.REPO, "HEAD", "--head")
-  _, trials = validate.trials_at(helpers.REPO, suites.SUITES["d4pg"],
-                                 ab.Options(bindings=("Nope.x = 1",)), "head", rev)
+  _, trials = validate.trials_at(helpers.REPO, suites.SUITES["d4pg"], ab.Options(), "head", rev)
+  plain = list(trials.values())[0]
+  xla = dataclasses.replace(plain, config="xla",
+                            bindings=(*plain.bindings, "Experiment.jit_compile = True"))
+  assert validate.subprocess_validator(sys.executable, helpers.REPO, [plain, xla]) == {
+      plain.name: False, xla.name: True}
+  nope = dataclasses.replace(plain, bindings=(*plain.bindings, "Nope.x = 1"))
   with pytest.raises(UserError, match=r"trial .* does not compile: .*Nope"):
-    validate.subprocess_validator(sys.executable, helpers.REPO, list(trials.values())[:1])
+    validate.subprocess_validator(sys.executable, helpers.REPO, [nope])
 
 
 def test_configs_are_compiled_once_a_sides_own_environment_exists(repo, monkeypatch):

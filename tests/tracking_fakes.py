@@ -90,15 +90,20 @@ def write_result(trial_dir: str, seed: int, speed: float, noise: float = 1.0,
 
 
 BROKEN = "Fake.broken = True"   # A binding the fake validator says does not compile.
+GRAPH = "Experiment.jit_compile = False"   # Pins the fake's step uncompiled.
 
 
-def validate(python, code, trials) -> None:
+def validate(python, code, trials) -> dict[str, bool]:
   """The fake suite's compile check (validate.Validator): a trial whose bindings hold
-  BROKEN, or a revision whose broken.txt exists, does not compile."""
+  BROKEN, or a revision whose broken.txt exists, does not compile; a revision whose
+  xla.txt exists compiles its step with XLA (Experiment.jit_compile resolved) unless a
+  trial pins GRAPH."""
   for t in trials:
     if BROKEN in t.bindings or os.path.exists(os.path.join(code, "broken.txt")):
       raise UserError(f"trial {t.name} does not compile: Gin config fake.gin: No "
                       f"configurable matching 'Fake.broken'.")
+  xla = os.path.exists(os.path.join(code, "xla.txt"))
+  return {t.name: xla and GRAPH not in t.bindings for t in trials}
 
 
 def write_manifest(sweep_dir: str, sweep_file: str = SUITE.sweep,

@@ -12,7 +12,11 @@ afterwards, and there, for each suite,
   - every distinct configuration (the trial with the A/B's --gin_bindings) compiles
     with that revision's code, as `replibench run` would load it (`validator`: by
     default a subprocess of the revision's interpreter, replibench.config's
-    load_experiment and check_models).
+    load_experiment and check_models),
+  - and, for an A/B, each shared configuration resolves Experiment.jit_compile the same
+    way on both sides (a compiled step is never paired with an uncompiled one: refused
+    here, before any trial, where record.check_same_compilation would refuse only after
+    the pair had run).
 
 A revision whose requirements this interpreter does not meet and whose own
 environment is not built yet cannot be compiled here without installing it: its
@@ -37,35 +41,43 @@ from replibench.suite.sweep_file import Trial
 from replibench.tracking import environments, revisions
 from replibench.tracking.suites import ALL_CONFIGS, Suite
 
-# validator(python, code, trials) -> None, or a UserError naming the trial that does not
-# compile; python None: no interpreter can load this revision's code yet (skip).
-Validator = Callable[[str | None, str, Sequence[Trial]], None]
+# validator(python, code, trials) -> {trial name: whether its step compiles with XLA, as
+# Experiment.jit_compile resolves on this machine} (None: not known, nothing loaded), or a
+# UserError naming the trial that does not compile; python None: no interpreter can load
+# this revision's code yet (skip).
+Validator = Callable[[str | None, str, Sequence[Trial]], dict[str, bool] | None]
 
 # Run by the revision's interpreter with its code first on the path: each trial's
-# config loaded as `replibench run` loads it; prints one JSON line.
+# config loaded as `replibench run` loads it; prints one JSON line. A revision from before
+# Experiment.jit_compile (no compile_choice) ran uncompiled, as its results say (null).
 _SNIPPET = r"""
 import json, sys
 try:
   from replibench.config import load_experiment
 except ImportError as e:
   print(json.dumps({"skip": f"its replibench has no config loader ({e})"})); sys.exit(0)
+compiled = {}
 for t in json.load(sys.stdin):
   try:
     exp = load_experiment(t["gin_files"], t["bindings"])
     if hasattr(exp, "check_models"):
       exp.check_models()
+    choice = getattr(exp, "compile_choice", None)
+    compiled[t["name"]] = bool(choice.enabled) if choice is not None else False
   except Exception as e:
     print(json.dumps({"trial": t["name"], "error": " ".join(f"{type(e).__name__}: {e}".split())
                       if type(e).__name__ != "UserError" else " ".join(str(e).split())}))
     sys.exit(0)
-print(json.dumps({"ok": True}))
+print(json.dumps({"ok": True, "jit_compile": compiled}))
 """
 
 
-def subprocess_validator(python: str | None, code: str, trials: Sequence[Trial]) -> None:
-  """Loads each trial's config with the revision's code (at `code`) and interpreter."""
+def subprocess_validator(python: str | None, code: str,
+                         trials: Sequence[Trial]) -> dict[str, bool] | None:
+  """Loads each trial's config with the revision's code (at `code`) and interpreter;
+  returns {trial name: whether it compiles its step with XLA}."""
   if python is None or not trials:
-    return
+    return None
   env = {**os.environ, "PYTHONPATH": code, "TF_CPP_MIN_LOG_LEVEL": "3"}
   done = subprocess.run([python, "-c", _SNIPPET], input=json.dumps([t.to_dict() for t in trials]),
                         capture_output=True, text=True, cwd=code, env=env, timeout=900)
@@ -77,6 +89,7 @@ def subprocess_validator(python: str | None, code: str, trials: Sequence[Trial])
                      f"{' '.join(done.stderr.split())[-400:]}", "trial": trials[0].name}
   if "error" in said:
     raise UserError(f"trial {said.get('trial')} does not compile: {said['error']}")
+  return said.get("jit_compile")
 
 
 @contextlib.contextmanager
@@ -182,6 +195,7 @@ def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: 
               for label, rev in revs.items() for suite in suite_list}
     _check_shared(list(revs), suite_list, trials)
     deferred: dict[str, list[str]] = {}
+    compiled: dict[str, dict[str, bool]] = {}
     checked = set()
     for label, rev in revs.items():
       if rev.sha in checked:   # An A/A's second side is the first's code.
@@ -193,8 +207,9 @@ def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: 
         deferred[label] = [suite.name for suite in suite_list]
         continue
       try:
-        validator(python, codes[label], [t for suite in suite_list
-                                         for t in _tagged(suite, trials[(label, suite.name)])])
+        compiled[label] = validator(python, codes[label],
+                                    [t for suite in suite_list
+                                     for t in _tagged(suite, trials[(label, suite.name)])]) or {}
       except UserError as e:
         text = str(e).replace(codes[label] + os.sep, "")
         suite = next((s.name for s in suite_list if f"trial {s.name}:" in text),
@@ -204,7 +219,33 @@ def check_revisions(repo: str, revs: dict[str, revisions.Revision], suite_list: 
                         + (f" (with --gin_bindings {'; '.join(options.bindings)})"
                            if options.bindings and "--gin_bindings" not in text else "")
                         ) from None
+    _check_same_compilation(revs, compiled)
   return deferred
+
+
+def _check_same_compilation(revs: dict[str, revisions.Revision],
+                            compiled: dict[str, dict[str, bool]]) -> None:
+  """The two revisions resolve Experiment.jit_compile alike for every configuration both
+  could say it of (compiled: {label: {trial name 'suite:config/seed=N': compiles}}); a
+  UserError naming the first that differs. A side deferred, or a validator that says
+  nothing: record.check_same_compilation refuses such a pair once it has run."""
+  if len(compiled) != 2:
+    return
+  (a, b), (first, second) = compiled, (
+      {name.rsplit("/seed=", 1)[0]: on for name, on in said.items()}
+      for said in compiled.values())
+  for tagged in sorted(set(first) & set(second)):   # The seed aside: one per configuration.
+    if first[tagged] != second[tagged]:
+      suite, config = tagged.split(":", 1)
+      raise UserError(
+          f"--suite={suite}: configuration {config} resolves Experiment.jit_compile to "
+          f"{first[tagged]} at the {a} revision {revs[a].short} and to {second[tagged]} at the {b} "
+          f"revision {revs[b].short}: their configs or 'auto''s table (CPU_DEFAULTS in "
+          f"replibench/config/compile_choice.py) differ, and an A/B "
+          f"must not pair a compiled step with an uncompiled one. Pin it on both sides "
+          f"(--gin_bindings='Experiment.jit_compile = False', or True) to measure the code's "
+          f"effect on one kind of step; XLA against the graph executor is "
+          f"benchmarks/compile.py's (make bench-compile) paired measurement. Nothing was run.")
 
 
 def _check_shared(labels: list[str], suite_list: Sequence[Suite], trials: dict) -> None:
