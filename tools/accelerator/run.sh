@@ -30,7 +30,7 @@
 #   tools/accelerator/run.sh bench-gpu MODEL [PRECISIONS]   # the default step, 3 precisions
 # Every phase accepts --dry-run (print what it would run) and prints UTC timestamps at its
 # start and end. Phases there write to $OUT (here: .accel/out). Then here:
-#   tools/accelerator/run.sh collect FILES_DIR   # $OUT's files into results/accelerator/
+#   tools/accelerator/run.sh collect FILES_DIR   # $OUT's files into results/accelerator/, then goals.md (benchmarks/gpu_goals.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -238,6 +238,12 @@ cmd_collect() {   # Here: a device call's returned files into results/accelerato
       say "results/accelerator/$(basename "$d")/"
     else run cp "$f" "$dest/"; say "results/accelerator/$(basename "$f")"; fi
   done
+  # Issue 41's goals, once the Keras peer or the compiled ResNet-50 rows are here
+  # (stdlib only; exit 1 means a goal is not met or not measured: the table says which).
+  if ((!DRY)) && [[ -f "$dest/keras-peer.json" || -d "$dest/xla-resnet50" ]]; then
+    python3 "$ROOT/benchmarks/gpu_goals.py" --dir="$dest" > "$dest/goals.md" || true
+    cat "$dest/goals.md"; say "results/accelerator/goals.md"
+  fi
 }
 
 # ---------------------------------------------------------------- there
