@@ -270,6 +270,11 @@ class RunResult:
   jit_compile: bool | None = None
   sessions: list[Session] = dataclasses.field(default_factory=list)
   resumed: int = 0
+  # The scheduler that placed the run's tasks (cluster.scheduler_record): SLURM's
+  # {name: slurm, job_id, array_task_id, nodes, tasks_per_node, distribution,
+  # gpus_per_task} or a Kubernetes pod's {name: kubernetes, pod, index}; null for a run
+  # started by hand or by `launch`, and in older files (added within schema 2).
+  scheduler: dict | None = None
   operative_config: str = ""
   git_sha: str = ""
   tf_version: str = ""

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from replibench import engine, inputs, results
+from replibench import cluster, engine, inputs, results
 from replibench.config.experiment import Experiment
 from replibench.engine import devices, ps
 from replibench.engine.measure import noise_scale
@@ -300,7 +300,7 @@ class _Run:
         network=self._network(meter) if meter is not None else None,
         machine=results.Machine(**provenance.machine(measured.get("calibration"))),
         throughput=results.Throughput.of(measured["record"]) if "record" in measured else None,
-        profile=self.profiler.record())
+        profile=self.profiler.record(), scheduler=cluster.scheduler_record())
 
   def _network(self, meter: wire.WireMeter) -> results.Network | None:
     """Bytes the cluster put on its wire this session, beside what the account predicts."""

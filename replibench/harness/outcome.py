@@ -57,6 +57,7 @@ class RunFacts:
   profile: results.Profile | None = None   # `run --profile_steps`: where the trace went.
   jit_compile: bool = False     # TrainSpec.jit_compile: the step compiled with XLA.
   xla_compile_s: float | None = None   # Left out of the span (timed_span.XlaCompilation).
+  scheduler: dict | None = None   # The SLURM job or Kubernetes pod (cluster.scheduler_record).
 
 
 def make_result(facts: RunFacts, status: str) -> results.RunResult:
@@ -99,7 +100,8 @@ def _described(facts: RunFacts) -> dict:
           "num_workers": facts.num_workers, "num_replicas": facts.num_replicas,
           "global_batch_size": facts.global_batch_size, "seed": facts.seed,
           "hparams": facts.hparams, "git_sha": facts.git_sha, "tf_version": facts.tf_version,
-          "profile": facts.profile, "jit_compile": facts.jit_compile}
+          "profile": facts.profile, "jit_compile": facts.jit_compile,
+          "scheduler": facts.scheduler}
 
 
 def communication_account(account: dict | None, examples_per_s: float | None,

@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from replibench import processes
 from replibench.errors import UserError
@@ -37,6 +37,9 @@ LOG_FILE = "trial.log"
 # runner(trial, trial_dir) -> exit code (None if unknown). It must leave
 # trial_dir/result.json behind when the run produced a result.
 Runner = Callable[[Trial, str], int | None]
+# An executor runs many trials at once (a scheduler's jobs): executor([(trial,
+# trial_dir), ...]) yields (position in that list, exit code) as each one ends.
+Executor = Callable[[list], Iterable[tuple[int, int | None]]]
 
 
 @dataclasses.dataclass
@@ -58,12 +61,17 @@ class SweepOutcome:
     return sum(o.status == FAILED for o in self.outcomes)
 
 
+def run_arguments(trial: Trial, trial_dir: str) -> list[str]:
+  """`run ...`: the replibench command of one trial, in each of its processes."""
+  return ["run", *(f"--gin_file={f}" for f in trial.gin_files),
+          *(f"--gin_bindings={b}" for b in trial.bindings), f"--workdir={trial_dir}"]
+
+
 def trial_command(trial: Trial, trial_dir: str, cores: int | None = None,
                   python: str | None = None) -> list[str]:
   """The command line that runs one trial (in-process, or through `launch`), with
   `python` (default: this interpreter)."""
-  run = ["run", *(f"--gin_file={f}" for f in trial.gin_files),
-         *(f"--gin_bindings={b}" for b in trial.bindings), f"--workdir={trial_dir}"]
+  run = run_arguments(trial, trial_dir)
   base = [python or sys.executable, "-m", "replibench.cli"]
   if not trial.launch.workers:
     return base + run
@@ -183,7 +191,8 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
               seeds: Sequence[int] | None = None, runner: Runner = subprocess_runner,
               parallel: int = 1, log: Callable[[str], Any] = print,
               bindings: Sequence[str] = (),
-              validate: Callable[[Trial], None] | None = None) -> SweepOutcome:
+              validate: Callable[[Trial], None] | None = None,
+              executor: Executor | None = None) -> SweepOutcome:
   """Runs (or resumes) every trial of a sweep; returns what happened to each.
 
   Args:
@@ -198,6 +207,9 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     log: receives one progress line per trial.
     validate: raises UserError if a trial's config is bad; run on every distinct
       configuration before the first trial starts.
+    executor: runs the pending trials together instead of runner (the SLURM
+      executor: replibench/scheduler/sweep_jobs.py); resume, failures and the report
+      are the same.
   """
   sweep = sweep_file.load(sweep_path)
   trials = sweep_file.expand(sweep, gin_files, seeds, bindings)
@@ -230,7 +242,14 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
                                result.time_to_target_s if result else None, exit_code)
     _update_hparams_config(workdir)
 
-  if parallel <= 1:
+  if executor is not None:
+    for _, trial, trial_dir in pending:
+      os.makedirs(trial_dir, exist_ok=True)
+      atomic.write_json(os.path.join(trial_dir, TRIAL_FILE), trial.to_dict())
+    for k, exit_code in executor([(trial, trial_dir) for _, trial, trial_dir in pending]):
+      i, trial, trial_dir = pending[k]
+      finish(i, trial, exit_code, results.read_result(trial_dir))
+  elif parallel <= 1:
     for i, trial, trial_dir in pending:
       log(f"[{i}/{n}] {trial.name}: running in {trial_dir}")
       finish(i, trial, *_run_trial(trial, trial_dir, runner))
