@@ -1,40 +1,26 @@
 # replibench: `make bench` runs the scaling suite, `make test` the tests.
 # Both create .venv at the repo root and install what they need on first use.
+# Timings are given only where measured, with the machine; the docs site has the rest
+# (make docs; docs/get-started.md, docs/reference/tests-and-benchmarks.md).
 #
-#   make bench            every workload's CPU-scale suite (17-25 min on a 2-core AVX-512 EPYC, 12-13 on the Zen 5 EPYC): sweep,
-#                         report in results/latest/<workload>/, comparison with the
-#                         committed results/<workload>/baseline.json (exit 1 on a regression);
-#                         those times predate D4PG's time-to-return suite (244 s alone on the
-#                         Zen 4, 2026-11-27, against ~128 s for the old one): the whole bench
-#                         was not re-timed
-#   make bench-smoke      the same at tiny scale (a few minutes), against smoke_baseline.json
-#   make bench-resnet     one workload's suite (also bench-sngan, bench-d4pg)
-#   make bench-accept     make the latest suite results the committed baselines
-#   make bench-resnet-full  the headline single run: ResNet to 92% (~11 min)
-#   make bench-engine     engine overhead against a hand-written tf.distribute loop
-#   make bench-scaling    1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives
-#                         (66 runs; SCALING_ARGS="--worker_counts=1,2 --strong_ceilings" runs
-#                         only the workers and their ceilings, 30 runs, and prints
-#                         results/scaling/README.md's table)
-#   make bench-overlap    2 workers on an emulated link (unlimited, 10 Gbit, 1 Gbit, 100 Mbit),
-#                         with and without gradient buckets (root: tc; ~8 min);
-#                         OVERLAP_ARGS=--profile adds worker 0's profiled split of the step
-#                         into compute, exchange and waiting (10 more steps a trial; not timed)
-#   make bench-ab BASE=REV  A/B of REV against HEAD on this machine, every suite interleaved
-#                         (SUITE=resnet for one; HEAD=REV for another head; AA=1 for an A/A of
-#                         one commit; RECORD=1 appends its trials to the history; PROBE=K
-#                         throughput-probe processes a side, 0 for none; exit 1 on a
-#                         regression or a failed trial, 2 on bad input before anything runs)
-#   make history          the results history's HTML dashboard with change points (runs/history/)
-#   make bench-throughput the full-size models on synthetic data: images/s per device,
-#                         step time, fraction of peak, memory, scaling (results/throughput/)
-#   make bench-accelerator  on a GPU machine (after `.venv/bin/pip install 'tensorflow[and-cuda]==2.21.*'`):
-#                         the Keras model.fit peer, the three models with and without XLA in
-#                         bfloat16 and float16 (ResNet-50 profiled), the 16-core CPU scaling
-#                         (tools/accelerator/run.sh all; results/latest/accelerator/)
-#   make bench-compile    graph vs XLA (Experiment.jit_compile), paired, into results/compile/
-#   make bench-model-parallel  memory and step time against the devices a replica spans,
-#                         the pipeline bubble, bytes per axis (results/model_parallel/)
+#   make bench             every workload's CPU-scale suite, judged against results/<suite>/baseline.json (888 s on the 2-core Zen 4 EPYC, 2026-11-27)
+#   make bench-smoke       the same at tiny scale, against results/<suite>/smoke_baseline.json
+#   make bench-resnet      one workload's suite (also bench-sngan, bench-d4pg; bench-smoke-resnet ...)
+#   make bench-accept      make the latest suite results the committed baselines
+#   make bench-resnet-full the headline single run: ResNet to 92% (time to target 650.6 s on the 2-core AVX2 EPYC, 2026-11-22)
+#   make bench-engine      engine overhead against a hand-written tf.distribute loop
+#   make bench-scaling     1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives (SCALING_ARGS=...)
+#   make bench-overlap     2 workers on an emulated link, with and without gradient buckets (root: tc; OVERLAP_ARGS=--profile)
+#   make bench-ab BASE=REV A/B of REV against HEAD on this machine (SUITE=, HEAD=, AA=1, RECORD=1, PROBE=K; 25.3 min for an A/A on the 2-core Zen 4, 2026-11-28)
+#   make history           the results history's HTML dashboard with change points (runs/history/)
+#   make bench-throughput  the full-size models on synthetic data (results/throughput/; THROUGHPUT_ARGS=...)
+#   make bench-accelerator on a GPU machine: tools/accelerator/run.sh all into results/latest/accelerator/
+#   make bench-compile     graph vs XLA (Experiment.jit_compile), paired, into results/compile/ (COMPILE_ARGS=...)
+#   make bench-model-parallel  memory and step time against the devices a replica spans (results/model_parallel/)
+#   make tensorboard       TensorBoard on runs/ (WORKDIR=...), 127.0.0.1:6006
+#   make docs              regenerate the reference pages (docs-reference), build the docs site into site/
+#   make docs-serve        serve the docs site on 127.0.0.1:8000
+#   make docs-reference    regenerate docs/reference/{cli,gin,result-json}.md from the code
 # A bench writes its runs to runs/bench-<BENCH_ID>/ (BENCH_ID is a timestamp);
 # `make bench BENCH_ID=<id>` resumes an interrupted one, skipping finished trials.
 SHELL := /bin/bash
@@ -73,7 +59,7 @@ FACTORS_SMOKE := --judge=converged
 	bench-overlap \
 	bench-ab history bench-throughput bench-accelerator bench-compile \
 	bench-model-parallel \
-	tensorboard clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
+	tensorboard docs docs-serve docs-reference clean $(addprefix bench-,$(BENCH_SUITES)) $(addprefix bench-smoke-,$(BENCH_SUITES))
 
 all: test
 
@@ -98,56 +84,10 @@ data:
 	fi
 
 # pytest exits 5 when it collected nothing: that must fail, not pass. The tests run in
-# TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing.
-# Measured on the 2-core AVX-512 EPYC (clean-clone .ci/run, 2026-11-24): 505-633 s of
-# pytest with two processes for 457 tests (682-807 s before conftest freed each test's
-# garbage at its end, 901 s with one process then), 5.8-6.3 GB of memory in use at
-# peak; 623-626 s for 515 tests (the network and wire-format tests added), 7.35 GB at
-# peak (the xdist workers grow to ~2.5-3.7 GB each, launched clusters come on top);
-# 856 s for 614 tests (8 skipped: GPU) and 8.0 GB in use at peak above an idle 0.63 GB
-# (8.3 GB in the one run before conftest's malloc_trim), 920 s for the whole clean-clone
-# .ci/run. 2026-11-26, 2-core Zen 4 EPYC: 812 tests in 908 s and then 847 s (one run
-# each, before and after --dist worksteal; runs differ by tens of seconds, so no saving
-# is claimed for it), 7.2 GiB in use at peak above an idle 0.47 GiB (967-1,047 s and
-# ~9 GB before `replibench launch` stopped importing TensorFlow). --dist worksteal: an
-# idle worker takes queued tests from the other, so a long multi-process test at the
-# end does not leave one core idle.
-# 2026-11-27, same Zen 4, alone, after issues 41-45 added 154 tests: 966 tests in 1,134 s
-# and 1,202 s of pytest (two runs; 957 passed, 9 skipped), 8.1-8.4 GiB in use at peak
-# above idle: OVER the 15-minute and 8 GiB budgets (test_compile ~2.5 min, the second
-# batch-norm kind of the worker/replica equivalence, the Keras peer, the ceiling runner);
-# sharing the launched clusters between the tests that read them is the next saving.
-# 2026-11-27 afternoon, same Zen 4, alone, after trimming (shared references, smaller
-# ResNets in the launches) and this session's new tests: 991 passed, 9 skipped in
-# 1,074 s of pytest, 7.7 GiB in use at peak above an idle 0.5 GiB: within 8 GiB, still
-# OVER 15 minutes. REPLIBENCH_TEST_MEMORY_LOG=FILE logs each test's time and memory.
-# conftest then froze each test's collection survivors (gc.freeze), so the collection
-# after a test walks only what that test made, not every live object (0.35 s a
-# collection with ~690k of them, measured): -0.2 to -0.5 CPU-s a test on four file sets
-# (2026-11-27, contended: 303 tests at -n 0, 168 -> 130 CPU-s and 140 -> 79 s for 195
-# tests at -n 2), about -300 CPU-s over the suite. With it, the plan's one model build
-# (workloads/build_once.py) and toy pipelines without tf.data autotuning, measured alone
-# on the same Zen 4 (2026-11-27 15:19, commit 5c823dc): 992 passed, 9 skipped in 648.6 s
-# of pytest (658 s wall), against 1,059 s before: -39%, within 15 minutes. After the
-# session's last changes (28076da): 995 passed in 664.7 s, 7.6 GiB in use at peak above
-# an idle 0.5 GiB (free -m every 2 s); at 0479935 995 passed in 630.0 s, 7.6 GiB.
-# 2026-11-27 19:56, commit 370e8fe (+ comments), alone: 1000 passed, 9 skipped in
-# 696.1 s of pytest (689.8 s in the run before it), in an hour when this VM ran slower
-# than in the afternoon (results/tracking/README.md, the power runs). 2026-11-27 22:23,
-# commit 59bb541, alone, a quiet hour: 1003 passed, 9 skipped in 607.4 s of pytest.
-# 2026-11-28 01:39, commit 2b0fcf6 (a cluster's tasks exit promptly), alone: 1009
-# passed, 9 skipped in 634.9 s of pytest (10 min 38 s wall). 2026-11-28 02:36, commit
-# ea12c22 (the flaky fused all-reduce test fixed), alone: 1010 passed, 9 skipped in
-# 604.8 s; 03:30, commit 41d74e4 (thread pools): 1017 passed, 9 skipped in 624.5 s
-# (10 min 28 s wall); 05:10, commit 3dc97fa: 1018 passed, 9 skipped in 612.5 s;
-# 07:50, the history's thread pools: 1019 passed, 9 skipped in 576.8 s (9 min 46 s);
-# 08:38, c2c491c: 615.6 s. On a 2-core Zen 5 (family 26 model 2), 2026-11-28 10:03,
-# alone: 1022 passed, 9 skipped in 554.3 s (9 min 18 s wall, 4.6 GB max RSS); 11:19,
-# the machine's fingerprint in result.json: 1023 passed, 9 skipped in 515.5 s.
-# 2026-12-04, the 2-core Zen 4 on a slow day (its calibration 90-160 matmul GFLOP/s against
-# 176-185 on 2026-11-27; ResNet-50 24% slower on the same command), alone: 1029 passed,
-# 9 skipped in 797.6 s and then 924.9 s: over 15 minutes in the second run; the D4PG test
-# files took the same time on the previous main and on this change (alternated).
+# TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing;
+# --dist worksteal: an idle worker takes queued tests from the other. Measured (the
+# history: docs/reference/tests-and-benchmarks.md): 1029 passed, 9 skipped in 797.6 s and
+# 924.9 s of pytest on the 2-core Zen 4 EPYC on a slow day (2026-12-04, alone).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
@@ -254,6 +194,18 @@ bench-model-parallel: install data
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir=$(WORKDIR) --host=127.0.0.1
 
+# The docs site (MkDocs, Material for MkDocs, mkdocstrings: pyproject's dev extra;
+# mkdocs.yml, docs/, tools/docs/). Nothing is fetched from the network to build or view it.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs-reference: install
+	$(PY) tools/docs/gen_reference.py
+
+docs: docs-reference
+	$(MKDOCS) build --strict
+
+docs-serve: docs-reference
+	$(MKDOCS) serve --strict --dev-addr=127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
