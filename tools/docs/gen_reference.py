@@ -76,9 +76,14 @@ def cli_page() -> str:
 # ---------------------------------------------------------------- gin configurables
 def _default(value) -> str:
   import gin
+  from replibench import internals
   if value is gin.REQUIRED:
     return "required (gin.REQUIRED)"
-  return f"`{_address_free(repr(value))}`"
+  text = _address_free(repr(value))
+  name = internals.gin_name(type(value))
+  if name and re.fullmatch(r"<[\w.]+ object>", text):   # An instance with no repr of its own.
+    text = f"@{name}()"
+  return f"`{text}`"
 
 
 def _parameters(fn) -> list[tuple[str, str]]:
