@@ -1,6 +1,6 @@
 """The replibench engine: the TF-Replicator programming model on tf.distribute.
 
-Public API (documented in README.md):
+Public API (documented in docs/concepts/programming-model.md):
   topologies    Local, MultiWorker, Tpu
   TrainSpec     the run's step, built once by config/ and read by the replicator and
                 the workload (batch per replica, steps per call, regime, precision,

@@ -53,7 +53,7 @@ class Workload(abc.ABC):
   def model_parallel_refusal(self) -> str | None:
     """Why this workload's models cannot span devices (a replica over a mesh's model
     axis), with what to do instead; None when they can (the default: the model builder
-    is wrapped as README's Model parallelism section shows)."""
+    is wrapped as docs/concepts/model-parallelism.md shows)."""
     return None
 
   def check_config(self, spec: TrainSpec) -> None:
