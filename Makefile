@@ -11,7 +11,7 @@
 #   make bench-engine      engine overhead against a hand-written tf.distribute loop
 #   make bench-scaling     1 vs 2 worker processes, 1/2/4 logical replicas, init, collectives (SCALING_ARGS=...)
 #   make bench-overlap     2 workers on an emulated link, with and without gradient buckets (root: tc; OVERLAP_ARGS=--profile)
-#   make bench-ab BASE=REV A/B of REV against HEAD on this machine (SUITE=, HEAD=, AA=1, RECORD=1, PROBE=K; 25.3 min for an A/A on the 2-core Zen 4, 2026-11-28)
+#   make bench-ab BASE=REV A/B of REV against HEAD on this machine (SUITE=, HEAD=, AA=1, RECORD=1, PROBE=K; 25.6 min for an A/A on the 2-core Zen 4, 2026-11-26)
 #   make history           the results history's HTML dashboard with change points (runs/history/)
 #   make bench-throughput  the full-size models on synthetic data (results/throughput/; THROUGHPUT_ARGS=...)
 #   make bench-accelerator on a GPU machine: tools/accelerator/run.sh all into results/latest/accelerator/
