@@ -55,7 +55,7 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS),steps_to_target=0.5
 # toy models, so bench-smoke judges only that every trial still converges.
 FACTORS_SMOKE := --judge=converged
 
-.PHONY: all install data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
+.PHONY: all install slurm data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
 	bench-overlap \
 	bench-ab history bench-throughput bench-accelerator bench-compile \
 	bench-model-parallel \
@@ -75,7 +75,18 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(OTAVA)
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) slurm
+
+# Debian's SLURM (slurmctld, slurmd, munge) for the tests that run a real one-node SLURM
+# (tests/slurm_local.py starts and stops its daemons); only as root with apt-get, and
+# best effort: without it those tests are skipped, with the reason shown.
+SLURM_DEBS := slurmctld slurmd slurm-client munge
+slurm:
+	@if ! command -v slurmctld >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(SLURM_DEBS)) \
+	  || echo "make slurm: could not install $(SLURM_DEBS); the SLURM tests will be skipped" >&2; \
+	fi
 
 # Fashion-MNIST from Debian, where we can; otherwise the loader falls back to TFDS.
 data:

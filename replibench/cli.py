@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags, logging
 
-from replibench import allocator, errors, inputs, native_logs, processes, rates
+from replibench import allocator, cli_cluster, cluster, errors, inputs, native_logs, processes, rates
 from replibench.cli_help import COMMANDS, command_help, overview
 from replibench.errors import UserError
 
@@ -45,7 +45,8 @@ flags.DEFINE_string("topology", None, "predict: a topology gin file, applied aft
 flags.DEFINE_string("sweep", None, "The sweep declaration (TOML, beside the gin files).")
 flags.DEFINE_integer("seeds", None, "Run seeds 1..K instead of the sweep file's seeds (ab, "
                      "bisect: instead of the suite's design).")
-flags.DEFINE_string("out", None, "Output directory (default DIR/report).")
+flags.DEFINE_string("out", None, "Output directory (default DIR/report); export: the "
+                    "manifest file (default: stdout).")
 flags.DEFINE_string("baseline", None, "The baseline report.json (or sweep directory).")
 flags.DEFINE_boolean("normalize", False, "Where the two sides' machine calibrations differ by "
                      "more than 10%, rescale the new times and throughputs to the baseline's "
@@ -120,6 +121,7 @@ def cmd_run(args) -> int:
   if FLAGS.max_steps is not None:
     inputs.number("--max_steps", FLAGS.max_steps, 1, integer=True, meaning="steps")
   profile = _profile_bindings()
+  cluster.adopt()   # Inside an srun step or an Indexed Job: TF_CONFIG from its variables.
   # On a worker or ps task of a parameter-server cluster it serves and never returns.
   result = run_experiment(_compile(profile), FLAGS.workdir, FLAGS.max_steps)
   summary = {k: getattr(result, k) for k in (
@@ -135,6 +137,7 @@ def cmd_run(args) -> int:
 def cmd_plan(args) -> int:
   from replibench.config.plan import format_plan, make_plan  # pylint: disable=import-outside-toplevel
   _no_arguments("plan", args)
+  cluster.adopt()
   plan = make_plan(_compile(_profile_bindings()))
   print(json.dumps(plan, indent=1) if FLAGS.json else format_plan(plan))
   return errors.EXIT_OK
@@ -162,6 +165,9 @@ def cmd_launch(args) -> int:
   inputs.number("--workers", FLAGS.workers, 1, MAX_TASKS, integer=True,
                  meaning="worker processes on this machine")
   inputs.number("--ps", FLAGS.ps, 0, MAX_TASKS, integer=True, meaning="parameter servers")
+  if FLAGS.backend == "slurm":
+    return cli_cluster.launch_on_slurm(args)
+  cli_cluster.refuse_slurm_flags()
   inputs.number("--cpus_per_worker", FLAGS.cpus_per_worker, 0, os.cpu_count() or 1,
                 integer=True, meaning="this machine's cores; 0 leaves the workers unpinned")
   if FLAGS.timeout is not None:
@@ -181,8 +187,10 @@ def cmd_sweep(args) -> int:
   inputs.input_file("--sweep", FLAGS.sweep)
   inputs.output_directory("--workdir", FLAGS.workdir)
   seeds = list(range(1, FLAGS.seeds + 1)) if FLAGS.seeds else None
+  executor = cli_cluster.sweep_executor(seeds)
   outcome = run_sweep(FLAGS.gin_file, FLAGS.sweep, FLAGS.workdir, seeds=seeds,
-                      bindings=FLAGS.gin_bindings, validate=_validate_trial)
+                      bindings=FLAGS.gin_bindings, validate=_validate_trial,
+                      executor=executor)
   failed = [o.trial.name for o in outcome.outcomes if o.status == "failed"]
   if failed:   # Named at the end too: a gate on the exit code says which to look at.
     print(f"sweep: {len(failed)} failed trial(s): {', '.join(failed)} (see each one's "
@@ -377,9 +385,16 @@ def cmd_history(args) -> int:
   return errors.EXIT_OK
 
 
+def cmd_export(args) -> int:
+  _no_arguments("export", args)
+  _string_flags_given_empty("export")
+  _unused_flags("export")   # --network, --timeout...: a cluster's scheduler has no such knob.
+  return cli_cluster.export()
+
+
 HANDLERS = {"run": cmd_run, "plan": cmd_plan, "predict": cmd_predict, "launch": cmd_launch,
             "sweep": cmd_sweep, "report": cmd_report, "compare": cmd_compare,
-            "ab": cmd_ab, "bisect": cmd_bisect, "history": cmd_history}
+            "ab": cmd_ab, "bisect": cmd_bisect, "history": cmd_history, "export": cmd_export}
 
 
 def main(argv) -> int:

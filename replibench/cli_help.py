@@ -26,12 +26,18 @@ COMMANDS = {
         ("gin_file", "gin_bindings", "profile_steps", "json"),
         "replibench plan --gin_file=configs/resnet/imagenet_tpu32.gin"),
     "launch": Command(
-        "Start a cluster of processes on this machine, in a private network namespace "
-        "(TF_CONFIG on its 127.0.0.1), and run a command in each.",
-        "replibench launch --workers N [--ps P] [--cpus_per_worker K] [--network RATE] "
-        "[--timeout S] -- run ...",
-        ("workers", "ps", "cpus_per_worker", "network", "timeout"),
-        "replibench launch --workers 2 --cpus_per_worker 1 -- run "
+        "Start a cluster and run a command in each of its tasks: on this machine, in a "
+        "private network namespace (TF_CONFIG on its 127.0.0.1), or as a SLURM job "
+        "(--backend=slurm: an sbatch script from the flags, submitted and followed to its "
+        "end; the chief's exit code is the launch's).",
+        "replibench launch [--backend=local|slurm] --workers N [--ps P] [--cpus_per_worker K] "
+        "[--network RATE] [--timeout S] [--nodes N --tasks_per_node K --cpus_per_task C "
+        "--gpus_per_task G --time T --partition P --account A --container_image I "
+        "--container_mounts M --noexclusive --overcommit --dry_run] -- run ...",
+        ("backend", "workers", "ps", "cpus_per_worker", "network", "timeout", "nodes",
+         "tasks_per_node", "cpus_per_task", "gpus_per_task", "time", "partition", "account",
+         "container_image", "container_mounts", "exclusive", "overcommit", "dry_run"),
+        "replibench launch --backend=slurm --workers 2 --cpus_per_task 1 -- run "
         "--gin_file=configs/resnet/fashion_mnist.gin --gin_file=configs/topology/workers.gin "
         "--workdir=runs/w2"),
     "predict": Command(
@@ -45,9 +51,14 @@ COMMANDS = {
         "--gin_bindings='Experiment.target = 0.90' "
         "--device_profile=configs/devices/v100_node.gin --workers=4"),
     "sweep": Command(
-        "Run every trial of a sweep file (TOML), resuming an interrupted sweep.",
-        "replibench sweep --sweep=S --workdir=DIR [--seeds=K] [--gin_file=F] [--gin_bindings=B]",
-        ("sweep", "workdir", "seeds", "gin_file", "gin_bindings"),
+        "Run every trial of a sweep file (TOML), resuming an interrupted sweep; each trial "
+        "here, or as a SLURM job (--executor=slurm: trials of one shape as one job array).",
+        "replibench sweep --sweep=S --workdir=DIR [--seeds=K] [--gin_file=F] [--gin_bindings=B] "
+        "[--executor=slurm [--partition P --account A --time T --cpus_per_task C "
+        "--gpus_per_task G ...]]",
+        ("sweep", "workdir", "seeds", "gin_file", "gin_bindings", "executor", "nodes",
+         "tasks_per_node", "cpus_per_task", "gpus_per_task", "time", "partition", "account",
+         "container_image", "container_mounts", "exclusive", "overcommit"),
         "replibench sweep --sweep=configs/resnet/scaling.sweep --workdir=runs/scaling"),
     "report": Command(
         "Aggregate a sweep's trials: table, report.json/.md and plots.",
@@ -90,6 +101,19 @@ COMMANDS = {
         "SWEEP_DIR --suite=S [--factors=...]",
         ("out", "suite", "factors"),
         "replibench history --out=runs/history"),
+    "export": Command(
+        "Write Kubernetes manifests that run a config's cluster (the tasks `launch --workers "
+        "W [--ps P]` starts here): a Kubeflow TFJob, or a headless Service and an Indexed "
+        "Job; validated offline before anything is written. --cpus_per_worker is each "
+        "worker pod's cpu request; GPUs come from topology.MultiWorker.replicas_per_worker.",
+        "replibench export --format=tfjob|job --gin_file=F [--gin_file=G] [--gin_bindings=B] "
+        "--image=IMAGE --workdir=/ABS/DIR [--workers W] [--ps P] [--cpus_per_worker K] "
+        "[--volume_claim=PVC] [--name=N] [--namespace=NS] [--out=FILE]",
+        ("format", "gin_file", "gin_bindings", "image", "workdir", "workers", "ps",
+         "cpus_per_worker", "volume_claim", "name", "namespace", "out"),
+        "replibench export --format=tfjob --gin_file=configs/resnet/fashion_mnist.gin "
+        "--gin_file=configs/topology/workers.gin --workers=2 --image=registry.example/"
+        "replibench:latest --workdir=/runs/fmnist --volume_claim=runs --out=fmnist.yaml"),
 }
 
 EXIT_CODES = ("Exit codes: 0 success; 1 failure (a regression, a failed trial, a crash); "

@@ -41,7 +41,9 @@ class Allocation:
   nodes and tasks_per_node: None lets SLURM place the tasks (sbatch --ntasks only).
   gpus_per_task 0: a CPU job (no --gpus-per-task). container_image: pyxis/enroot's
   srun --container-image, as NVIDIA's and MLPerf's scripts use (the image's python).
-  exclusive: whole nodes, so no other job's load enters the timings.
+  exclusive: whole nodes, so no other job's load enters the timings. overcommit: more
+  tasks than CPUs (sbatch --overcommit), e.g. a parameter-server cluster's light ps
+  tasks beside its workers on a small node.
   """
   nodes: int | None = None
   tasks_per_node: int | None = None
@@ -53,6 +55,7 @@ class Allocation:
   container_image: str | None = None
   container_mounts: str | None = None
   exclusive: bool = True
+  overcommit: bool = False
   python: str = sys.executable
 
 
@@ -154,6 +157,7 @@ def _directives(allocation: Allocation, shape: Shape, name: str, output: str,
   options += [f"--{k}={getattr(allocation, k)}" for k in ("partition", "account")
               if getattr(allocation, k)]
   options += ["--exclusive"] if allocation.exclusive else []
+  options += ["--overcommit"] if allocation.overcommit else []
   options += [f"--array=0-{array - 1}"] if array > 1 else []
   return [f"#SBATCH {o}" for o in options]
 
