@@ -53,6 +53,7 @@ flags.DEFINE_string("volume_claim", None, "export: a PersistentVolumeClaim mount
 SLURM_FLAGS = ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_task", "time",
                "partition", "account", "container_image", "container_mounts", "exclusive",
                "overcommit")
+DRY_RUN = ("--dry_run", "--dry_run=true", "--dry_run=True")
 LOCAL_LAUNCH_FLAGS = ("network", "cpus_per_worker", "timeout")
 
 
@@ -85,7 +86,8 @@ def slurm_allocation():
 def launch_on_slurm(args) -> int:
   from replibench.scheduler import slurm, submit  # pylint: disable=import-outside-toplevel
   allocation = slurm_allocation()
-  made_by = shlex.join(["replibench", *sys.argv[1:]])
+  # The command that submits this script again: without --dry_run, which printed it.
+  made_by = shlex.join(["replibench", *(a for a in sys.argv[1:] if a not in DRY_RUN)])
   return submit.launch_on_slurm(slurm.Shape(FLAGS.workers, FLAGS.ps), allocation, args,
                                 FLAGS.dry_run, made_by)
 
