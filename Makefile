@@ -55,7 +55,7 @@ FACTORS_d4pg := --factors=$(MACHINE_FACTORS),steps_to_target=0.5
 # toy models, so bench-smoke judges only that every trial still converges.
 FACTORS_SMOKE := --judge=converged
 
-.PHONY: all install slurm data test bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
+.PHONY: all install slurm data test test-quick bench bench-smoke bench-accept bench-resnet-full bench-engine bench-scaling \
 	bench-overlap \
 	bench-ab history bench-throughput bench-accelerator bench-compile \
 	bench-model-parallel \
@@ -103,6 +103,12 @@ TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# The edit-test loop: every test but the modules of tests/tiers.py (clusters, SLURM, full
+# runs: marker `full`). make test (CI) stays the whole suite.
+test-quick: install data
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not full" tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-quick: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # Each suite: sweep, report, compare. A failed trial or a regression fails the
 # target, but the report and the comparison are still printed, and `make bench`

@@ -106,8 +106,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Skips tests marked gpu, saying why, when TensorFlow sees no GPU (CI has none)."""
+  """Marks the modules of tests/tiers.py `full` (make test-quick leaves them out); skips
+  tests marked gpu, saying why, when TensorFlow sees no GPU (CI has none)."""
   del config
+  from tests import tiers  # pylint: disable=import-outside-toplevel
+  for item in items:
+    if item.module.__name__.rpartition(".")[2] in tiers.FULL:
+      item.add_marker(pytest.mark.full)
   gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
   if not gpu_tests:
     return

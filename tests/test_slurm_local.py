@@ -102,7 +102,7 @@ gin_files = ["{topology}"]
 def _sweep(slurm, sweep_file, workdir, wait=True):
   args = [sys.executable, "-m", "replibench.cli", "sweep", f"--sweep={sweep_file}",
           f"--workdir={workdir}", "--executor=slurm", "--noexclusive",
-          *(f"--gin_bindings={b}" for b in [*BINDINGS, "Experiment.train_epochs = 2",
+          *(f"--gin_bindings={b}" for b in [*BINDINGS, "Experiment.train_epochs = 1",
                                             "Experiment.checkpoint_every_epochs = 0.25",
                                             "Experiment.inject_slowdown = 0.8"])]
   proc = subprocess.Popen(args, cwd=helpers.REPO, stdout=subprocess.PIPE,

@@ -29,8 +29,9 @@ import re
 import yaml
 
 from replibench import errors
-from replibench.scheduler.kubernetes import CONTAINER, K8S_TASKS_ENV as TASKS_ENV
+from replibench.cluster import K8S_TASKS_ENV as TASKS_ENV
 
+CONTAINER = "tensorflow"   # The TFJob operator puts TF_CONFIG into this container only.
 K8S_VERSION = "1.31.0"   # The oldest Kubernetes with the Job successPolicy (beta, on).
 TFJOB_API = "kubeflow.org/v1"
 CRD_PATH = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "third_party",

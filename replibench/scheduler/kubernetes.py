@@ -29,11 +29,12 @@ import shlex
 import yaml
 
 from replibench import atomic, inputs
+from replibench.cluster import K8S_TASKS_ENV   # What cluster.py reads in each pod.
 from replibench.errors import UserError
+from replibench.scheduler import k8s_validate
+from replibench.scheduler.k8s_validate import CONTAINER
 
-K8S_TASKS_ENV = "REPLIBENCH_K8S_TASKS"   # cluster.py reads the same variable.
 FORMATS = ("tfjob", "job")
-CONTAINER = "tensorflow"   # The TFJob operator puts TF_CONFIG into this container only.
 PORT, PORT_NAME = 2222, "tfjob-port"   # The operator's default port and its name.
 BACKOFF_LIMIT = 3   # Restarts of a task, as `replibench launch` allows a worker.
 MAX_TASKS = 1024    # Every pod carries all tasks' names (REPLIBENCH_K8S_TASKS).
@@ -366,7 +367,6 @@ def _wrap(line: str, width: int = 96) -> list[str]:
 def _validate(text: str) -> None:
   """The YAML as written, parsed back and validated; an invalid manifest is a bug."""
   try:
-    from replibench.scheduler import k8s_validate  # pylint: disable=import-outside-toplevel
     import jsonschema, kubernetes_validate  # noqa: F401  pylint: disable=import-outside-toplevel,multiple-imports,unused-import
   except ImportError as e:
     raise UserError(f"export validates what it writes with jsonschema and "
