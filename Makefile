@@ -3,6 +3,7 @@
 # Timings are given only where measured, with the machine; the docs site has the rest
 # (make docs; docs/get-started.md, docs/reference/tests-and-benchmarks.md).
 #
+#   make test-quick        the tests without clusters, SLURM or full runs (tests/tiers.py), for the edit-test loop
 #   make bench             every workload's CPU-scale suite, judged against results/<suite>/baseline.json (888 s on the 2-core Zen 4 EPYC, 2026-11-27)
 #   make bench-smoke       the same at tiny scale, against results/<suite>/smoke_baseline.json
 #   make bench-resnet      one workload's suite (also bench-sngan, bench-d4pg; bench-smoke-resnet ...)

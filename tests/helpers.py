@@ -64,10 +64,11 @@ TINY_SYNTHETIC = {
 
 
 def benchmark_script(name: str):
-  """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package)."""
+  """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package);
+  name may have a folder: 'tracking/noise_budget'."""
   import importlib.util
   spec = importlib.util.spec_from_file_location(
-      name, os.path.join(REPO, "benchmarks", f"{name}.py"))
+      os.path.basename(name), os.path.join(REPO, "benchmarks", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -1,4 +1,4 @@
-"""benchmarks/noise_budget.py's arithmetic on synthetic processes (no process runs): the
+"""benchmarks/tracking/noise_budget.py's arithmetic on synthetic processes (no process runs): the
 split of the variance, the slowed processes it counts, and the `together` pairs."""
 
 import math
@@ -11,7 +11,7 @@ from tests import helpers
 
 @pytest.fixture(scope="module")
 def budget():
-  return helpers.benchmark_script("noise_budget")
+  return helpers.benchmark_script("tracking/noise_budget")
 
 
 def _process(rates, batch=10, steps=20):

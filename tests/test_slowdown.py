@@ -56,7 +56,7 @@ def test_a_run_records_its_windows_and_runs_the_slowdown_work(tmp_path):
 
 
 def test_the_real_slowdown_commit_keeps_resnets_numbers(monkeypatch):
-  """benchmarks/tracking_power_real.py's change to ResNet's stem (extra projections
+  """benchmarks/tracking/tracking_power_real.py's change to ResNet's stem (extra projections
   times a run-time zero) applies to models/resnet.py and leaves outputs and gradients
   exactly as they were: the change costs time and nothing else."""
   import os
@@ -66,7 +66,7 @@ def test_the_real_slowdown_commit_keeps_resnets_numbers(monkeypatch):
   import tensorflow as tf
 
   from tests import helpers
-  script = helpers.benchmark_script("tracking_power_real")
+  script = helpers.benchmark_script("tracking/tracking_power_real")
   source = open(os.path.join(helpers.REPO, script.MODEL)).read()
   assert source.count(script.ANCHOR) == 1
   from models import resnet   # Registered with gin before the patched copy is made.

@@ -1,4 +1,4 @@
-"""benchmarks/tracking_power_real.py's bookkeeping: the committed ledger of real power
+"""benchmarks/tracking/tracking_power_real.py's bookkeeping: the committed ledger of real power
 runs that accumulates across sessions (skips what this machine has done, re-runs a
 failed A/B, keys runs by machine), and its report. Fake A/B runs (no real A/B)."""
 
@@ -12,7 +12,7 @@ from tests import helpers
 
 @pytest.fixture(scope="module")
 def script():
-  return helpers.benchmark_script("tracking_power_real")
+  return helpers.benchmark_script("tracking/tracking_power_real")
 
 
 def _ab(ratio: float, low: float, high: float, verdict: str, failed=(),

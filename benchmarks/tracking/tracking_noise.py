@@ -9,7 +9,7 @@ simulated A/B runs of a design (--pairs per configuration), adds a true effect, 
 judges each with the tracker's own verdict (replibench.tracking.verdicts.rows): the
 share that calls a regression for the effect (power) and for none (false alarms).
 
-  python benchmarks/tracking_noise.py runs/power/aa/run*/ab.json \\
+  python benchmarks/tracking/tracking_noise.py runs/power/aa/run*/ab.json \\
       --throughput_from='runs/power/lr/run*/ab.json' --pairs=3 --effect=0.1 [--suite=sngan]
 """
 
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
 from replibench.tracking import paired, verdicts  # noqa: E402
 

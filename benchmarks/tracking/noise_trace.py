@@ -18,7 +18,7 @@ Each window (its end time from the run's progress log) then gets the counters' r
 over its span, and the table compares the slowest quarter of windows with the
 fastest quarter: a source that moves with the slowdown shows there.
 
-  .venv/bin/python benchmarks/noise_trace.py --config=replicas=1 --processes=4 \\
+  .venv/bin/python benchmarks/tracking/noise_trace.py --config=replicas=1 --processes=4 \\
       --steps=600 --out=runs/noise_trace
 
 Writes --out/noise_trace.json (every sample and window) and prints the table. Run it
@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import noise_budget  # noqa: E402

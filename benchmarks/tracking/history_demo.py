@@ -8,7 +8,7 @@ history`'s renderer, checks that the change point it reports sits at that commit
 photographs the page with headless Chromium (Debian's chromium, with the flags this
 machine needs) into --png.
 
-  python benchmarks/history_demo.py --png=results/tracking/dashboard.png
+  python benchmarks/tracking/history_demo.py --png=results/tracking/dashboard.png
 """
 
 import argparse
@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 sys.path.insert(0, REPO)
 
 from replibench import machine  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> int:
   args = parser.parse_args()
   recs = records(args.commits, args.at, args.step, args.noise, args.seed)
   with tempfile.TemporaryDirectory() as out:
-    page = dashboard.render(recs, out, REPO, source="benchmarks/history_demo.py (synthetic)")
+    page = dashboard.render(recs, out, REPO, source="benchmarks/tracking/history_demo.py (synthetic)")
     text = open(page).read()
     expected = commits(args.commits)[args.at][0]
     changes = json.loads(text.split("id='changes'>")[1].split("</script>")[0])

@@ -39,23 +39,23 @@ on a quiet machine. Measured so (results/tracking/README.md, "The noise budget";
 ~40 min on the 2-core Zen 4, ~24 s a process, ~45 s for onecore's), then the
 `together` pairs apart (~6 min):
 
-  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1 --processes=6 \\
+  .venv/bin/python benchmarks/tracking/noise_budget.py --configs=replicas=1 --processes=6 \\
       --steps=300 --window_steps=20 \\
       --conditions=onecore,threads1,pin,norandom,hashseed,glibc,warmup --out=runs/noise_budget
-  .venv/bin/python benchmarks/noise_budget.py --configs=replicas=1 --processes=8 \\
+  .venv/bin/python benchmarks/tracking/noise_budget.py --configs=replicas=1 --processes=8 \\
       --split_processes=0 --conditions=together --out=runs/noise_budget_together
-  .venv/bin/python benchmarks/noise_budget.py \\
+  .venv/bin/python benchmarks/tracking/noise_budget.py \\
       --report=runs/noise_budget/noise_budget.json,runs/noise_budget_together/noise_budget.json
 
 The split alone, for another configuration (results/tracking/README.md: workers=2,
 12 processes, ~5 min):
 
-  .venv/bin/python benchmarks/noise_budget.py --configs=workers=2 --processes=12 \\
+  .venv/bin/python benchmarks/tracking/noise_budget.py --configs=workers=2 --processes=12 \\
       --conditions=none --out=runs/noise_budget_w2
 
 A smoke of the bookkeeping (minutes, numbers meaningless on a busy machine):
 
-  .venv/bin/python benchmarks/noise_budget.py --processes=2 --steps=40 --window_steps=10 \\
+  .venv/bin/python benchmarks/tracking/noise_budget.py --processes=2 --steps=40 --window_steps=10 \\
       --warmup_windows=1 --conditions=hashseed --out=/tmp/noise_budget_smoke
 
 Writes --out/noise_budget.json (every process's windows, after each process) and
@@ -75,14 +75,14 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
 from replibench import results  # noqa: E402
 from replibench.suite import sweep as sweep_lib  # noqa: E402
 from replibench.suite import sweep_file  # noqa: E402
 from replibench.tracking import probe  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 SWEEP = "configs/resnet/scaling.sweep"
 SPLIT = "split"   # the series of back-to-back baseline processes
 

@@ -8,7 +8,7 @@ the windows and the between-process spread of each side. The estimator to judge 
 the one with the lowest paired noise: set probe.JUDGED to it and record the table in
 results/tracking/README.md. Run it alone on a quiet machine:
 
-  .venv/bin/python benchmarks/probe_noise.py --suite=resnet --runs=3 --processes=6 \\
+  .venv/bin/python benchmarks/tracking/probe_noise.py --suite=resnet --runs=3 --processes=6 \\
       --steps=300 --window_steps=20 --warmup_windows=3 --out=runs/probe_noise
 
 Writes --out/probe_noise.json (every pair's estimator values and the table).
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
 from replibench.tracking import ab, probe, revisions, suites  # noqa: E402
 

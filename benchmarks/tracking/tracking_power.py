@@ -6,12 +6,12 @@ against each, again and again, and counts the verdicts:
 
   slowdown   Experiment.inject_slowdown = F in the suite's gin file: examples/s x (1 - F)
              (matmul work after each call, replibench/harness/slowdown.py; a real code
-             change calibrated to a cost: benchmarks/tracking_power_real.py)
+             change calibrated to a cost: benchmarks/tracking/tracking_power_real.py)
   lr         the learning rate x F in the suite's gin file (more steps to target)
   aa         HEAD against itself (every regression is a false alarm)
 
-  python benchmarks/tracking_power.py --kind=aa --runs=20 --suite=resnet [--configs=...]
-  python benchmarks/tracking_power.py --kind=slowdown --factor=0.1 --runs=10 --suite=resnet
+  python benchmarks/tracking/tracking_power.py --kind=aa --runs=20 --suite=resnet [--configs=...]
+  python benchmarks/tracking/tracking_power.py --kind=slowdown --factor=0.1 --runs=10 --suite=resnet
 
 Prints one line per A/B (verdict of each judged metric's pooled row, ratio and
 interval, minutes) and a summary; writes every A/B's ab.json under --out and the
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 GIN = {"resnet": "configs/resnet/scaling.gin", "sngan": "configs/sngan/batch_scaling.gin",
        "d4pg": "configs/d4pg/learner_scaling.gin"}
 LR = {"resnet": ("ImageClassification.base_lr_per_256", 0.2),
@@ -52,7 +52,7 @@ def change_commit(base: str, kind: str, suite: str, factor: float) -> str:
     path = os.path.join(tmp, "wt")
     git("worktree", "add", "--detach", path, base)
     with open(os.path.join(path, GIN[suite]), "a") as f:
-      f.write(f"\n# Injected by benchmarks/tracking_power.py ({kind}).\n{line}\n")
+      f.write(f"\n# Injected by benchmarks/tracking/tracking_power.py ({kind}).\n{line}\n")
     git("commit", "-q", "-am", f"tracking power test: {line}", cwd=path)
     sha = git("rev-parse", "HEAD", cwd=path)
     git("branch", "-f", branch, sha)

@@ -1,12 +1,12 @@
 """How many A/B pairs a given paired noise needs: power and false alarms by simulation.
 
 For each paired noise (the standard deviation of log(head/base) over A/A pairs, as
-measured by benchmarks/tracking_power.py --kind=aa) and each number of pairs, the
+measured by benchmarks/tracking/tracking_power.py --kind=aa) and each number of pairs, the
 share of simulated A/B runs that call a regression for a true loss of --effect and
 for no change (replibench.tracking.paired.simulate: the tracker's own interval and
 verdict, at the Bonferroni level of --rows judged rows and its minimum effect).
 
-  python benchmarks/tracking_budget.py --noise=0.03,0.06,0.1 --pairs=4,6,10,15,30
+  python benchmarks/tracking/tracking_budget.py --noise=0.03,0.06,0.1 --pairs=4,6,10,15,30
 
 --order_effect=G draws pairs alternating base-first and head-first, the ratio of the
 first G times the second's (the measured ResNet A/A: ~1.12), and judges them with the
@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
 from replibench.tracking import paired  # noqa: E402
 

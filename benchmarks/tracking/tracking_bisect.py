@@ -9,7 +9,7 @@ takes 15% longer). Then runs
 
 and prints its steps, the commit it names and the time it took.
 
-  python benchmarks/tracking_bisect.py [--suite=resnet] [--configs=replicas=1] [--culprit=5]
+  python benchmarks/tracking/tracking_bisect.py [--suite=resnet] [--configs=replicas=1] [--culprit=5]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tracking_power import GIN, git  # noqa: E402

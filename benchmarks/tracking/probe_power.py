@@ -12,7 +12,7 @@ A/B judges the probe's pooled row (the Bonferroni level of --rows rows, a minimu
 of probe.MIN_EFFECT). It prints the share of runs called a regression: the false-alarm
 rate at no loss, the power at each loss.
 
-  .venv/bin/python benchmarks/probe_power.py --probe_noise=runs/probe_noise/probe_noise.json \\
+  .venv/bin/python benchmarks/tracking/probe_power.py --probe_noise=runs/probe_noise/probe_noise.json \\
       --ab_dirs='runs/power_real/*/aa-0-k0/*' --pairs=8,12 --losses=0,0.05,0.10
 
 No process is run: seconds, on what earlier runs wrote.
@@ -27,13 +27,13 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 
 from replibench import results  # noqa: E402
 from replibench.suite import sweep_file  # noqa: E402
 from replibench.tracking import paired, probe, suites  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 
 RULES = {
     "mean": lambda logs, orders, level: paired.estimate(logs, level),

@@ -37,9 +37,9 @@ skips what this machine (machine.fingerprint) has done and goes on:
 
 On a quiet machine, nothing else running; each command may be stopped and run again:
 
-  .venv/bin/python benchmarks/tracking_power_real.py calibrate --targets=0.10,0.05
-  .venv/bin/python benchmarks/tracking_power_real.py runs --targets=0.10,0.05 --runs=10 --aa_runs=20
-  .venv/bin/python benchmarks/tracking_power_real.py report
+  .venv/bin/python benchmarks/tracking/tracking_power_real.py calibrate --targets=0.10,0.05
+  .venv/bin/python benchmarks/tracking/tracking_power_real.py runs --targets=0.10,0.05 --runs=10 --aa_runs=20
+  .venv/bin/python benchmarks/tracking/tracking_power_real.py report
 """
 
 import argparse
@@ -53,7 +53,7 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tracking_power  # noqa: E402
@@ -70,7 +70,7 @@ MODEL = "models/resnet.py"
 ANCHOR = '    return keras.layers.ReLU(name="stem_relu")(x)\n'
 PATCH = '''    x = keras.layers.ReLU(name="stem_relu")(x)
 
-    def extra_work(t):   # benchmarks/tracking_power_real.py: a real slowdown of the step
+    def extra_work(t):   # benchmarks/tracking/tracking_power_real.py: a real slowdown of the step
       import tensorflow as tf
       k = tf.ones((1, 1, t.shape[-1], t.shape[-1]), t.dtype) / t.shape[-1]
       e = t
