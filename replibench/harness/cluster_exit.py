@@ -32,6 +32,7 @@ BARRIER = "replibench_run_done"
 # Tasks reach the end together (the last step and its evaluation are collective); the
 # slack is for a chief that writes the report and the others that do not.
 BARRIER_TIMEOUT_MS = 120_000
+HAND_OVER_TIMEOUT_MS = 30_000   # A peer through the barrier says so within milliseconds.
 
 
 def coordinated_context():
@@ -51,6 +52,32 @@ def coordinated_context():
   return ctx if ctx.coordination_service else None
 
 
+def _leader(cluster) -> tuple[str, int]:
+  """The task that hosts the coordination service (TensorFlow's rule: the chief, else
+  worker 0)."""
+  return ("chief", 0) if cluster.count("chief") else ("worker", 0)
+
+
+def _hand_over(ctx, cluster) -> None:
+  """The barrier's leader must outlive every other task's barrier reply: its process
+  hosts the service, and an os._exit as soon as its own local reply came killed it
+  before a peer's reply was sent (that peer then saw the barrier fail). So each other
+  task, once through, says so in the service's key-value store, and the leader waits
+  for all of them before it leaves."""
+  me = (cluster.task_type, cluster.task_index)
+  try:
+    if me != _leader(cluster):
+      ctx.set_config_key_value(f"{BARRIER}/{me[0]}/{me[1]}", "through")
+      return
+    for job, addresses in cluster.jobs.items():
+      for index in range(len(addresses)):
+        if (job, index) != me:
+          ctx.get_config_key_value(f"{BARRIER}/{job}/{index}", HAND_OVER_TIMEOUT_MS)
+  except Exception as e:  # pylint: disable=broad-except  (a peer vanished after the barrier)
+    logging.warning("exit: the hand-over after the exit barrier failed (%s); leaving "
+                    "anyway: every task had finished.", str(e).splitlines()[0][:200])
+
+
 def leave(code: int) -> None:
   """Ends this process with code once every task has finished, skipping TensorFlow's
   teardown, when that is safe (above); otherwise returns and the caller exits."""
@@ -68,6 +95,7 @@ def leave(code: int) -> None:
     logging.warning("exit: the cluster's exit barrier failed (%s); exiting through "
                     "TensorFlow's teardown.", str(e).splitlines()[0][:200])
     return
+  _hand_over(ctx, cluster_lib.current())
   logging.info("exit: every task of the cluster has finished; leaving without "
                "TensorFlow's teardown (harness/cluster_exit.py).")
   atexit._run_exitfuncs()  # pylint: disable=protected-access
