@@ -174,17 +174,17 @@ bench-resnet-full: install data
 	$(RB) run --gin_file=configs/resnet/fashion_mnist.gin --workdir=$(WORKDIR)/resnet-full-$(BENCH_ID)
 
 bench-engine: install
-	$(PY) benchmarks/engine_overhead.py
+	$(PY) benchmarks/scaling/engine_overhead.py
 
 # The distributed path's scaling, every workload, from one run (issue-12 goals).
 bench-scaling: install data
-	$(PY) benchmarks/scaling.py $(SCALING_ARGS)
+	$(PY) benchmarks/scaling/scaling.py $(SCALING_ARGS)
 
 # Gradient buckets (regimes.Sync.bucket_bytes) against the link's rate, 2 workers (issue 42):
 # results/scaling/overlap-resnet.{txt,json} (with OVERLAP_ARGS=--profile:
 # overlap-resnet-profile.{txt,json}, the traces in runs/overlap-profiles/<time>/).
 bench-overlap: install data
-	$(PY) benchmarks/overlap.py $(OVERLAP_ARGS)
+	$(PY) benchmarks/scaling/overlap.py $(OVERLAP_ARGS)
 
 # The accelerator run's phases with this venv's Python (the ordinary path; the lent
 # machine without a package index carries a bundle instead: tools/accelerator/run.sh plan).
@@ -196,18 +196,18 @@ bench-accelerator: install data
 # (e.g. --machine=gpu, --scale=tiny, --dry_run). Not yet timed on a quiet 2-core EPYC
 # (an estimate: 45 min); results/throughput/README.md.
 bench-throughput: install
-	$(PY) benchmarks/throughput.py $(THROUGHPUT_ARGS)
+	$(PY) benchmarks/throughput/throughput.py $(THROUGHPUT_ARGS)
 
 # Graph vs XLA (issue 41, Experiment.jit_compile): bench-throughput's trials and the suites'
 # smoke configs to target, each as ABBA pairs, into results/compile/ (the verdicts for
 # CPU_DEFAULTS in replibench/config/compile_choice.py). COMPILE_ARGS adds flags (e.g.
 # --scale=tiny, --rounds=5, --skip_target, --dry_run). Not yet timed on a quiet machine.
 bench-compile: install data
-	$(PY) benchmarks/compile.py $(COMPILE_ARGS)
+	$(PY) benchmarks/compile/compile.py $(COMPILE_ARGS)
 
 # Model parallelism (issue 35): figures, tables and plots into results/model_parallel/.
 bench-model-parallel: install data
-	$(PY) benchmarks/model_parallel.py --out results/model_parallel
+	$(PY) benchmarks/model_parallel/model_parallel.py --out results/model_parallel
 
 tensorboard: install
 	$(VENV)/bin/tensorboard --logdir=$(WORKDIR) --host=127.0.0.1

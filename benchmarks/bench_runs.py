@@ -7,9 +7,7 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The benchmark's own imports of replibench and models are this checkout's.
-sys.path.insert(1, REPO)
+from benchmarks import REPO
 
 
 def command(gin_file: str, kind: str, n: int, bindings: list[str], max_steps: int,

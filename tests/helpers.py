@@ -64,14 +64,10 @@ TINY_SYNTHETIC = {
 
 
 def benchmark_script(name: str):
-  """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package);
-  name may have a folder: 'tracking/noise_budget'."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      os.path.basename(name), os.path.join(REPO, "benchmarks", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """benchmarks/<concern>/<script>.py imported by its path under benchmarks/:
+  'tracking/noise_budget' is benchmarks.tracking.noise_budget (benchmarks/README.md)."""
+  import importlib
+  return importlib.import_module("benchmarks." + name.replace("/", "."))
 
 
 def synthetic_configs() -> list[str]:

@@ -1,18 +1,12 @@
-"""benchmarks/cpu_split.py: a run's CPU by thread name, child processes and idle cores;
-and benchmarks/learner_replicas.py's setup labels."""
+"""benchmarks/d4pg/cpu_split.py: a run's CPU by thread name, child processes and idle
+cores."""
 
-import os
 import re
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from tests import helpers
-
-sys.path.insert(0, os.path.join(helpers.REPO, "benchmarks"))
-import learner_replicas  # noqa: E402  pylint: disable=wrong-import-position
 
 # A parent with one busy named thread and one busy child process, for ~2 s.
 _BUSY = textwrap.dedent("""
@@ -31,7 +25,7 @@ _BUSY = textwrap.dedent("""
 
 def test_cpu_split_names_a_busy_thread_and_counts_its_child_process():
   done = subprocess.run(
-      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.5", "--end_s=1.4", "--",
+      [sys.executable, "benchmarks/d4pg/cpu_split.py", "--start_s=0.5", "--end_s=1.4", "--",
        sys.executable, "-c", _BUSY], cwd=helpers.REPO, capture_output=True, text=True,
       timeout=60)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -44,12 +38,7 @@ def test_cpu_split_names_a_busy_thread_and_counts_its_child_process():
 
 def test_cpu_split_refuses_a_window_past_the_commands_end():
   done = subprocess.run(
-      [sys.executable, "benchmarks/cpu_split.py", "--start_s=0.1", "--end_s=1.5", "--",
+      [sys.executable, "benchmarks/d4pg/cpu_split.py", "--start_s=0.1", "--end_s=1.5", "--",
        sys.executable, "-c", "pass"], cwd=helpers.REPO, capture_output=True, text=True,
       timeout=60)
   assert done.returncode != 0 and "ended (0) before --end_s" in done.stderr
-
-
-def test_learner_replicas_refuses_an_unknown_setup():
-  with pytest.raises(SystemExit, match="replicas=N or workers=N"):
-    learner_replicas._setup("gpus=2")

@@ -3,12 +3,14 @@ repository path it names exists, and the generated reference pages are current.
 
 - The site (mkdocs.yml, docs/) builds with `mkdocs build --strict`: a broken link, a
   missing page or a mkdocstrings reference to code that is gone fails.
-- Every `replibench ...` and `make ...` command shown in docs/ and README.md, in code
-  blocks and inline code, names a command of replibench/cli_help.py's COMMANDS with
-  flags that command takes (as replibench/cli.py defines them; after `launch ... --`
-  the flags belong to the inner command), or Makefile targets that exist.
-- Every path like `benchmarks/foo.py`, `configs/...gin` or `results/...` they mention
-  exists.
+- Every `replibench ...` and `make ...` command shown in the pages (docs/, README.md,
+  the committed results pages and the benchmarks' READMEs: tests/docs_text.py), in
+  code blocks and inline code, names a command of replibench/cli_help.py's COMMANDS
+  with flags that command takes (as replibench/cli.py defines them; after
+  `launch ... --` the flags belong to the inner command), or Makefile targets that exist.
+- Every path like `benchmarks/foo/bar.py`, `configs/...gin` or `results/...` they
+  mention exists; a retired file is named with the commit that has it
+  (`deaceb2:benchmarks/pack_size.py`), which git must hold.
 - docs/reference/{cli,gin,result-json}.md equal what tools/docs/gen_reference.py
   writes now (a stale page names the command that regenerates it).
 """
@@ -17,15 +19,15 @@ import functools
 import glob
 import os
 import re
-import shlex
 import subprocess
 import sys
 
 import pytest
 
+from tests import docs_text
 from tests.helpers import REPO
 
-GENERATED = ("docs/reference/cli.md", "docs/reference/gin.md", "docs/reference/result-json.md")
+GENERATED = docs_text.GENERATED
 REGENERATE = "make docs-reference (= .venv/bin/python tools/docs/gen_reference.py)"
 
 
@@ -42,6 +44,7 @@ def test_site_builds_strictly(tmp_path):
       + proc.stdout[-4000:] + proc.stderr[-4000:])
   assert (tmp_path / "site" / "index.html").is_file()
   assert (tmp_path / "site" / "results" / "scaling" / "index.html").is_file()
+  assert (tmp_path / "site" / "benchmarks" / "tracking" / "index.html").is_file()
 
 
 def test_generated_reference_pages_are_current():
@@ -55,63 +58,11 @@ def test_generated_reference_pages_are_current():
 
 
 # ------------------------------------------------------------------ what the docs show
-def _doc_files() -> list[str]:
-  files = sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
-  files = [f for f in files if os.path.relpath(f, REPO) not in GENERATED]
-  return files + [os.path.join(REPO, "README.md")]
-
-
-@functools.cache
-def _snippets() -> tuple[tuple[str, str], ...]:
-  """(where, text) of every code block (shell-like ones) and inline code span."""
-  out = []
-  for path in _doc_files():
-    rel = os.path.relpath(path, REPO)
-    text = open(path).read()
-    for match in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.M | re.S):
-      language, body = match.group(1), match.group(2)
-      if language in ("python", "py", "toml", "yaml", "json"):
-        continue
-      line = text.count("\n", 0, match.start()) + 2
-      body = re.sub(r"\\\n", " ", body)     # Continuation lines: one command.
-      for offset, command in enumerate(body.split("\n")):
-        out.append((f"{rel}:{line + offset}", command))
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
-    for match in re.finditer(r"(?<!`)`([^`]+)`(?!`)", prose):
-      out.append((f"{rel} (inline)", " ".join(match.group(1).split())))
-  return tuple(out)
-
-
-def _tokens(command: str) -> list[str]:
-  command = re.sub(r"<[^<>]*>", "<_>", command)   # `BASE=<commit before>`: one word.
-  try:
-    return shlex.split(command, comments=True)
-  except ValueError:   # An unbalanced quote in a fragment: split on blanks.
-    return command.split("#", 1)[0].split()
-
-
-_SEPARATORS = {"&&", "||", ";", "|", "&", "(", ")"}
-_PREFIXES = {"sudo", "time", "nohup", "exec", "env"}
-
-
 def _commands(program: str) -> list[tuple[str, list[str]]]:
   """(where, argv after the program) of every command of `program` the docs show."""
-  found = []
-  for where, snippet in _snippets():
-    segment = []
-    for token in _tokens(snippet) + [";"]:
-      if token in _SEPARATORS or token.endswith(";"):
-        if token.endswith(";") and token != ";":
-          segment.append(token[:-1])
-        words = [w for w in segment if w not in _PREFIXES]
-        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):   # VAR=x cmd
-          words = words[1:]
-        if words and (words[0] == program or words[0].endswith("/" + program)):
-          found.append((where, words[1:]))
-        segment = []
-      else:
-        segment.append(token)
-  return found
+  return [(where, words[1:]) for where, snippet in docs_text.snippets()
+          for words in docs_text.segments(snippet)
+          if words[0] == program or words[0].endswith("/" + program)]
 
 
 def _placeholder(word: str) -> bool:
@@ -222,28 +173,66 @@ def _expand(path: str) -> list[str]:
           for p in _expand(path[:match.start()] + alt + path[match.end():])]
 
 
+def _in_git(rev: str, path: str) -> bool:
+  return subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO,
+                        capture_output=True).returncode == 0
+
+
+def _path_problems(rel: str, text: str) -> list[str]:
+  """The paths a page names that do not exist. A path gone from the tree (a retired
+  script) is named with the commit that has it, `REV:path`, which git must hold; once
+  so named, the page may show it bare in the commands run in a worktree of REV."""
+  text = re.sub(r"\]\([^)]*\)", "]", text)   # Links: mkdocs' (or _link_problems') to check.
+  found = [(m.group(1).rstrip(".,:;'"), text[max(0, m.start() - 41):m.start()])
+           for m in _PATH.finditer(text)]
+  retired = {path for path, before in found if re.search(r"[0-9a-f]{7,40}:$", before)}
+  problems = []
+  for mentioned, before in found:
+    if "<" in mentioned or mentioned.startswith(_GENERATED_OUTPUTS) or \
+        mentioned.endswith("/...") or re.search(r"/[A-Z][A-Z_]+[./]", mentioned) or \
+        re.search(r"--out[= ]$", before):   # What a command will write.
+      continue
+    rev = re.search(r"([0-9a-f]{7,40}):$", before)
+    if rev:
+      if not _in_git(rev.group(1), mentioned):
+        problems.append(f"{rel}: {rev.group(1)}:{mentioned} (git has no such file there)")
+      continue
+    listed = re.split(r",(?![^{]*\})", mentioned)   # A flag's list: a,b (not {a,b}).
+    for candidate in (c for part in listed for c in _expand(part)):
+      full = os.path.join(REPO, candidate)
+      if not (glob.glob(full) if "*" in candidate else os.path.exists(full)) and \
+          candidate not in retired:
+        problems.append(f"{rel}: {candidate}")
+  return problems
+
+
+def _link_problems(rel: str, text: str) -> list[str]:
+  """Relative links of README.md (no page of the site) and of the benchmarks' READMEs
+  (pages by tools/docs/hooks.py, and read on GitHub beside their scripts)."""
+  base = os.path.dirname(os.path.join(REPO, rel))
+  return [f"{rel}: link to {target}"
+          for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+          if not re.match(r"[a-z]+:", target) and not os.path.exists(os.path.join(base, target))]
+
+
 def test_paths_mentioned_exist():
   missing = []
-  for path in _doc_files():
-    rel = os.path.relpath(path, REPO)
-    # Links between pages (`](results/index.md)`) are mkdocs' to check, as pages.
-    text = re.sub(r"\]\([^)]*\)", "]", open(path).read())
-    for match in _PATH.finditer(text):
-      mentioned = match.group(1).rstrip(".,:;'")
-      if "<" in mentioned or mentioned.startswith(_GENERATED_OUTPUTS) or \
-          mentioned.endswith("/...") or re.search(r"/[A-Z][A-Z_]+[./]", mentioned):
-        continue
-      for candidate in _expand(mentioned):
-        full = os.path.join(REPO, candidate)
-        if not (glob.glob(full) if "*" in candidate else os.path.exists(full)):
-          missing.append(f"{rel}: {candidate}")
-  # README.md is no page of the site: its links are checked here.
-  readme = open(os.path.join(REPO, "README.md")).read()
-  for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme):
-    if not re.match(r"[a-z]+:", target) and not os.path.exists(os.path.join(REPO, target)):
-      missing.append(f"README.md: link to {target}")
+  for path in docs_text.doc_files():
+    rel = os.path.relpath(path, REPO).replace(os.sep, "/")
+    text = open(path).read()
+    missing += _path_problems(rel, text)
+    if rel == "README.md" or rel.startswith("benchmarks/"):
+      missing += _link_problems(rel, text)
   assert not missing, "paths the docs name that do not exist:\n" + "\n".join(
       sorted(set(missing)))
+
+
+def test_the_path_checker_itself():
+  assert _path_problems("x.md", "`deaceb2:benchmarks/pack_size.py`, then\n"
+                        "    .venv/bin/python benchmarks/pack_size.py --rounds 4") == []
+  assert _path_problems("x.md", "`benchmarks/pack_size.py`") == ["x.md: benchmarks/pack_size.py"]
+  assert "git has no such file" in _path_problems("x.md", "deaceb2:benchmarks/nonesuch.py")[0]
+  assert _path_problems("x.md", "--out=results/nonesuch/table") == []
 
 
 @pytest.mark.parametrize("argv, problem", [

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_goals.py: issue 41's GPU goals judged from a lent machine's files, and
+"""benchmarks/throughput/gpu_goals.py: issue 41's GPU goals judged from a lent machine's files, and
 every row it cannot compare said as not measured, never as a figure."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from tests import helpers
 
-goals = helpers.benchmark_script("gpu_goals")
+goals = helpers.benchmark_script("throughput/gpu_goals")
 GPU = "/physical_device:GPU:0"
 
 
@@ -70,7 +70,7 @@ def test_what_cannot_be_compared_is_not_measured(tmp_path, case):
 
 def test_the_script_exits_by_its_verdict_and_refuses_an_unreadable_file(tmp_path):
   def run():
-    return subprocess.run([sys.executable, "benchmarks/gpu_goals.py", f"--dir={tmp_path}"],
+    return subprocess.run([sys.executable, "benchmarks/throughput/gpu_goals.py", f"--dir={tmp_path}"],
                           cwd=helpers.REPO, capture_output=True, text=True, timeout=60)
   empty = run()
   assert empty.returncode == 1 and "not measured" in empty.stdout

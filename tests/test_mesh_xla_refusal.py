@@ -1,6 +1,7 @@
 """Why a model-parallel step (topology.Mesh) is not compiled with XLA where it is not:
 the refusal's paragraph, and the TensorFlow limitation it names, checked here where it
-is cheap (benchmarks/mesh_xla_check.py tries the whole step: results/compile/README.md).
+is cheap (the retired deaceb2:benchmarks/mesh_xla_check.py tried the whole step:
+results/compile/README.md).
 """
 
 import pytest

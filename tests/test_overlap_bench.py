@@ -1,18 +1,13 @@
-"""benchmarks/overlap.py's report: the profiled split beside the step time (--profile)
+"""benchmarks/scaling/overlap.py's report: the profiled split beside the step time (--profile)
 and the check that gradient buckets leave the bytes on the wire unchanged."""
-
-import importlib
-import os
 
 import pytest
 
-from tests import helpers
-
 
 @pytest.fixture(name="overlap")
-def _overlap(monkeypatch):
-  monkeypatch.syspath_prepend(os.path.join(helpers.REPO, "benchmarks"))
-  return importlib.import_module("overlap")
+def _overlap():
+  from benchmarks.scaling import overlap   # pylint: disable=import-outside-toplevel
+  return overlap
 
 
 def _figures(step_ms, wire, profile_ms=None):

@@ -1,5 +1,5 @@
-"""The benchmarks around profiles: benchmarks/keras_peer.py (Keras' `model.fit` peer of
-the ResNet-50 row, tiny on a CPU) and benchmarks/throughput.py --profile's runs."""
+"""The benchmarks around profiles: benchmarks/throughput/keras_peer.py (Keras' `model.fit` peer of
+the ResNet-50 row, tiny on a CPU) and benchmarks/throughput/throughput.py --profile's runs."""
 
 import json
 import subprocess
@@ -9,7 +9,7 @@ from tests import helpers
 
 
 def _script(name: str, *args, timeout: int = 600) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, f"benchmarks/{name}", *args], cwd=helpers.REPO,
+  return subprocess.run([sys.executable, f"benchmarks/throughput/{name}", *args], cwd=helpers.REPO,
                         capture_output=True, text=True, timeout=timeout)
 
 

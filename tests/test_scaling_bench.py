@@ -1,15 +1,12 @@
-"""benchmarks/scaling.py's machine ceiling: N independent pinned one-worker runs at once,
+"""benchmarks/scaling/scaling.py's machine ceiling: N independent pinned one-worker runs at once,
 and each worker count's efficiency against it."""
 
 import os
-import sys
 
 import pytest
 
+from benchmarks.scaling import scaling
 from tests import helpers
-
-sys.path.insert(0, os.path.join(helpers.REPO, "benchmarks"))
-import scaling  # noqa: E402  pylint: disable=wrong-import-position
 
 CONFIG = "configs/resnet/fashion_mnist.gin"
 # Two blocks and 200 evaluation images (the run's last step evaluates): the ceiling

@@ -1,15 +1,10 @@
-"""benchmarks/scaling.py --worker_counts' markdown table: each count's speed-up, its
+"""benchmarks/scaling/scaling.py --worker_counts' markdown table: each count's speed-up, its
 efficiency against N and against the machine's ceiling (results/scaling/README.md)."""
 
-import importlib
-import os
-
-from tests import helpers
+from benchmarks.scaling import scaling
 
 
-def test_the_table_sets_each_count_beside_its_ceilings(monkeypatch):
-  monkeypatch.syspath_prepend(os.path.join(helpers.REPO, "benchmarks"))
-  scaling = importlib.import_module("scaling")
+def test_the_table_sets_each_count_beside_its_ceilings():
   eps = {"workers=1": 100, "workers=2": 160, "workers=2 (weak, 2x batch)": 180,
          "2 x workers=1, at once": 190, "2 x workers=1, batch/2, at once": 170,
          "workers=4": 300, "workers=4 (weak, 4x batch)": 340}

@@ -98,10 +98,9 @@ def test_two_replicas_spend_part_of_each_step_in_the_exchange(two_replica_run):
 
 
 def _cli(monkeypatch, *args) -> int:
-  """benchmarks/step_split.py's main() in this process (its TensorFlow already loaded)."""
-  monkeypatch.syspath_prepend(os.path.join(helpers.REPO, "benchmarks"))
+  """benchmarks/scaling/step_split.py's main() in this process (its TensorFlow already loaded)."""
   monkeypatch.setattr(sys, "argv", ["step_split.py", *args])
-  return importlib.import_module("step_split").main()
+  return importlib.import_module("benchmarks.scaling.step_split").main()
 
 
 def test_the_cli_prints_the_table_and_refuses_a_run_without_a_profile(

@@ -156,9 +156,9 @@ def test_every_suites_probe_names_configurations_of_its_sweep():
 
 
 def test_probe_noise_names_the_estimator_with_the_lowest_paired_noise():
-  """benchmarks/tracking/probe_noise.py's last line: which estimator wins, and whether
+  """benchmarks/tracking/probe_study.py noise's last line: which estimator wins, and whether
   probe.JUDGED must change (the trial's own examples/s never competes)."""
-  script = helpers.benchmark_script("tracking/probe_noise")
+  script = helpers.benchmark_script("tracking/probe_study")
   noise = {"run": {"sd": 0.001, "n": 24}, "median": {"sd": 0.030, "n": 24},
            "trimmed": {"sd": 0.020, "n": 24}, "cpu": {"sd": None, "n": 0}}
   best, line = script.choose(noise, judged="median")

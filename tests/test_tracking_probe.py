@@ -140,10 +140,10 @@ def test_the_runner_adds_max_steps_to_the_trials_command(repo, tmp_path, monkeyp
 
 
 def test_probe_power_reads_the_pairs_an_ab_wrote(repo, tmp_path):
-  """benchmarks/tracking/probe_power.py resamples the pairs of A/A runs: it must read back from an
+  """benchmarks/tracking/probe_study.py power resamples the pairs of A/A runs: it must read back from an
   A/B's directories the pairs the A/B judged, with their order."""
   from tests import helpers
-  script = helpers.benchmark_script("tracking/probe_power")
+  script = helpers.benchmark_script("tracking/probe_study")
   outcome = probe.run(fakes.SUITE, _sides(repo, "HEAD", "HEAD"), str(tmp_path / "aa"),
                       ab.Options(), DESIGN, trial_runner=WindowRunner(), log=lambda line: None)
   configs = list(dict.fromkeys(p.config for p in outcome.pairs))   # the sweep's order

@@ -53,11 +53,9 @@ import tempfile
 import time
 import uuid
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir)))  # The checkout.
 
-import tracking_power  # noqa: E402
-
+from benchmarks.tracking import tracking_power  # noqa: E402
 from replibench import machine  # noqa: E402
 from replibench.tracking import ab, probe, revisions, suites  # noqa: E402
 

@@ -6,7 +6,7 @@
 
 'auto' is True on GPUs and TPUs. On CPUs it is, per workload, whichever of graph and
 XLA was faster on the bench's CPU machine, measured side by side by `make
-bench-compile` (benchmarks/compile.py) and written down in results/compile/README.md;
+bench-compile` (benchmarks/compile/compile.py) and written down in results/compile/README.md;
 CPU_DEFAULTS holds those verdicts. `plan` prints the resolved choice and its reason,
 result.json and the history record it, and an A/B never pairs a compiled trial with
 an uncompiled one.
@@ -95,7 +95,7 @@ def _cannot_compile(topology, regime) -> str | None:
 
 def _mesh_cannot_compile(topology) -> str:
   """Why this model-parallel step does not compile: what TensorFlow said when it was
-  tried (benchmarks/mesh_xla_check.py, results/compile/README.md). A pipeline in one
+  tried (deaceb2:benchmarks/mesh_xla_check.py, results/compile/README.md). A pipeline in one
   process compiles each stage on its device (engine/model_parallel/pipeline.py)."""
   where = (f"topology.Mesh (model = {topology.model}, parallelism = "
            f"{topology.parallelism!r}) splits each replica's forward and backward pass over "

@@ -188,7 +188,7 @@ def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int =
   a random horizontal flip (flip) and, if crop_padding > 0, a random crop of the
   image zero-padded by crop_padding. The default (flip only) is the tuned recipe's:
   in a ~10-epoch schedule the small ResNet underfits, and crops cost accuracy per
-  epoch (benchmarks/tune_fmnist_recipe.py).
+  epoch (deaceb2:benchmarks/tune_fmnist_recipe.py).
   training=False: every example of the split once, in order, pipeline i taking
   examples i, i+N, ...; the last batch may be smaller; never shuffled or augmented.
   keep (training): a function of the stream of batches (the engine's

@@ -5,7 +5,7 @@ such a run reports what it can: examples/s in all and per device (replica), the
 step time, the FLOP rate from the plan's FLOPs per example (Workload.describe,
 what `replibench plan` prints), its fraction of the machine's calibrated float32
 matmul rate where the replicas are CPU devices (an accelerator's peak comes from
-a device profile: benchmarks/throughput.py), and peak memory: this process's
+a device profile: benchmarks/throughput/throughput.py), and peak memory: this process's
 resident set and, per accelerator, TensorFlow's allocator peak.
 """
 

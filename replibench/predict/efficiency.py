@@ -127,7 +127,7 @@ def load(path: str) -> dict:
   recipe); UserError naming it, and the field at fault, if it is not one."""
   if not os.path.exists(path):
     raise UserError(f"{path}: no such statistical-efficiency file. Make one from a batch-size "
-                    f"sweep: python benchmarks/statistical_efficiency.py SWEEP_DIR --out={path}")
+                    f"sweep: python benchmarks/predict/statistical_efficiency.py SWEEP_DIR --out={path}")
   inputs.input_file("--efficiency", path)
   try:
     with open(path, encoding="utf-8") as f:

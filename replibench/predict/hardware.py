@@ -18,7 +18,7 @@ tbf): while the step computes, the link idles and its bucket refills, up to
 link_burst_bytes, which then pass at once; only the rest waits for the rate.
 Where more replicas than `shared_cores` share a machine's cores, compute and every
 hop's latency slow by the core share (a hop waits for its peer to be scheduled:
-benchmarks/calibrate_collectives.py measured 1.8 ms a hop for 4 workers on 2
+benchmarks/predict/calibrate_collectives.py measured 1.8 ms a hop for 4 workers on 2
 cores against 1.0 ms for 2).
 
 A DeviceProfile is one replica's device. Every number comes from a spec sheet or a

@@ -19,8 +19,8 @@ and result.json's `windows` ([steps, wall s, process CPU s] each) feed every
 estimator below; the pairs of an estimator are judged like any row of the A/B
 (verdicts.metric_row: paired ratios pooled by Yuen's trimmed mean, TRIMMED, the
 interval at the family's level). Only JUDGED decides; the others are reported with
-their paired noise so that the choice stays a measurement (benchmarks/tracking/probe_noise.py
-measures each estimator's paired noise on A/A runs; results/tracking/README.md).
+their paired noise so that the choice stays a measurement (benchmarks/tracking/probe_study.py
+noise measures each estimator's paired noise on A/A runs; results/tracking/README.md).
 
 In `replibench ab` (commands.run_ab) a suite whose design has a probe
 (suites.Suite.probe) runs it after its time-to-target pairs; `attach` puts the
@@ -71,9 +71,9 @@ ESTIMATORS: dict[str, tuple[str, Callable[[np.ndarray, int], float]]] = {
             lambda w, b: float(w[:, 0].sum() * b / w[:, 2].sum()) if w[:, 2].sum() > 0
             else float("nan")),
 }
-# THE estimator the A/B judges (the one place it is set: every A/B, probe_noise.py's
+# THE estimator the A/B judges (the one place it is set: every A/B, probe_study.py noise's
 # report, the README's table read it from here). The one with the lowest paired noise
-# as benchmarks/tracking/probe_noise.py measures it on a quiet machine (its last line says which;
+# as benchmarks/tracking/probe_study.py noise measures it on a quiet machine (its last line says which;
 # results/tracking/README.md, "The throughput probe", records the table). Measured on
 # the 2-core Zen 4, 2026-11-27, 36 A/A pairs: best 0.041, the others 0.11-0.13.
 JUDGED = "best"
@@ -81,7 +81,7 @@ JUDGED = "best"
 # rather than the order model's least squares. The probe's paired noise has heavy tails:
 # of 52 real A/A pairs of `best` (2-core Zen 4, 2026-11-27) most are within 2-3% (robust
 # sd 0.024) and one in ten is off by 7-25%, a process the machine slowed for its whole
-# run (sd 0.059 with them). Resampled from those pairs (benchmarks/tracking/probe_power.py; the
+# run (sd 0.059 with them). Resampled from those pairs (benchmarks/tracking/probe_study.py power; the
 # Bonferroni level of 4 rows, minimum effect 3%), the trimmed interval calls a true 10%
 # loss with 8 pairs in 95% of A/B runs where the order model's calls it in 83%, a true
 # 5% in 80% (12 pairs: 93%) where the order model's calls 56% (65%); A/A alarms under

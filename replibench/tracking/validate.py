@@ -245,7 +245,7 @@ def _check_same_compilation(revs: dict[str, revisions.Revision],
           f"must not pair a compiled step with an uncompiled one. Pin it on both sides "
           f"(--gin_bindings='Experiment.jit_compile = False', or True) to measure the code's "
           f"effect on one kind of step; XLA against the graph executor is "
-          f"benchmarks/compile.py's (make bench-compile) paired measurement. Nothing was run.")
+          f"benchmarks/compile/compile.py's (make bench-compile) paired measurement. Nothing was run.")
 
 
 def _check_shared(labels: list[str], suite_list: Sequence[Suite], trials: dict) -> None:

@@ -30,7 +30,7 @@
 #   tools/accelerator/run.sh bench-gpu MODEL [PRECISIONS]   # the default step, 3 precisions
 # Every phase accepts --dry-run (print what it would run) and prints UTC timestamps at its
 # start and end. Phases there write to $OUT (here: .accel/out). Then here:
-#   tools/accelerator/run.sh collect FILES_DIR   # $OUT's files into results/accelerator/, then goals.md (benchmarks/gpu_goals.py)
+#   tools/accelerator/run.sh collect FILES_DIR   # $OUT's files into results/accelerator/, then goals.md (benchmarks/throughput/gpu_goals.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -142,7 +142,7 @@ cmd_split() {   # payload.tar.xz -> parts/NN/chunk, each with the MANIFEST
 # start at 30 s and install at 35 s; the rest are guesses), the phase's own time limit,
 # and the command. Each limit is under a call's 10 minutes. One lent machine's 15
 # minutes (start, parts and install included) hold one session: A, the GPU half; B and
-# C, the CPU scaling phase, one workload a call (benchmarks/scaling.py at 1, 2, 4, 8
+# C, the CPU scaling phase, one workload a call (benchmarks/scaling/scaling.py at 1, 2, 4, 8
 # workers of 2 cores, strong and weak, and D's ceiling runs: ~5 min a workload). With
 # time left on a machine, go on with the next session's phases after installing once.
 PHASES=(
@@ -241,7 +241,7 @@ cmd_collect() {   # Here: a device call's returned files into results/accelerato
   # Issue 41's goals, once the Keras peer or the compiled ResNet-50 rows are here
   # (stdlib only; exit 1 means a goal is not met or not measured: the table says which).
   if ((!DRY)) && [[ -f "$dest/keras-peer.json" || -d "$dest/xla-resnet50" ]]; then
-    python3 "$ROOT/benchmarks/gpu_goals.py" --dir="$dest" > "$dest/goals.md" || true
+    python3 "$ROOT/benchmarks/throughput/gpu_goals.py" --dir="$dest" > "$dest/goals.md" || true
     cat "$dest/goals.md"; say "results/accelerator/goals.md"
   fi
 }
@@ -347,7 +347,7 @@ cmd_bench_gpu() {   # MODEL [PRECISIONS]: the throughput suite on the GPU, the d
   local precisions="${2:-float32,mixed_bfloat16,mixed_float16}" name="throughput-gpu-$model"
   [[ -n "${2:-}" ]] && name+="-${2//,/-}"
   mkdir -p "$(out)"; begin "bench-gpu $model"
-  (cd "$ROOT" && run timeout 540 "$py" benchmarks/throughput.py --machine=gpu --models="$model" \
+  (cd "$ROOT" && run timeout 540 "$py" benchmarks/throughput/throughput.py --machine=gpu --models="$model" \
      --precisions="$precisions" --out="$(out)/$name" 2>&1 | tee "$(out)/$name.log")
   finish "bench-gpu $model"
 }
@@ -356,7 +356,7 @@ cmd_keras_peer() {   # Keras' model.fit ResNet50, batch 256, bfloat16, jit_compi
   needs_install; environment
   local py limit; py=$(device_python); limit=$(phase_limit keras-peer)
   mkdir -p "$(out)"; begin keras-peer
-  (cd "$ROOT" && run timeout "$limit" "$py" benchmarks/keras_peer.py --precisions=mixed_bfloat16 \
+  (cd "$ROOT" && run timeout "$limit" "$py" benchmarks/throughput/keras_peer.py --precisions=mixed_bfloat16 \
      --jit=false,true --timeout=$((limit / 2)) --out="$(out)/keras-peer" 2>&1 | tee "$(out)/keras-peer.log") \
     || say "keras-peer stopped (exit $?); its finished rows are in $(out)/keras-peer.md"
   finish keras-peer
@@ -378,7 +378,7 @@ cmd_bench_xla() {   # MODEL: bfloat16 and float16, without and with XLA; ResNet-
   for jit in False True; do   # Uncompiled first: its rows are the default step's.
     local name="throughput-gpu-$model-xla-$jit" left=$((limit - 20 - (SECONDS - t0)))
     ((left > 30)) || { say "no time left for jit_compile=$jit"; break; }
-    (cd "$ROOT" && run timeout "$left" "$py" benchmarks/throughput.py --machine=gpu \
+    (cd "$ROOT" && run timeout "$left" "$py" benchmarks/throughput/throughput.py --machine=gpu \
        --models="$model" --precisions=mixed_bfloat16,mixed_float16 --steps="${XLA_STEPS[$model]}" \
        --gin_bindings="Experiment.jit_compile = $jit" "${profile[@]}" --out="$work/$name" \
        2>&1 | tee -a "$(out)/xla-$model.log") || say "jit_compile=$jit stopped (exit $?); its finished rows are kept"
@@ -417,7 +417,7 @@ cmd_bench_cpu() {   # [WORKLOADS]: 1, 2, 4 and 8 worker processes, 2 cores each,
   # other (D4PG.actor_cores; issue 44: the learner scaling with its actors apart).
   local extra=(); [[ "$workloads" == d4pg ]] && extra=(--gin_bindings="D4PG.actor_cores = 1")
   mkdir -p "$(out)"; begin "bench-cpu $workloads"
-  (cd "$ROOT" && CUDA_VISIBLE_DEVICES= run timeout "$limit" "$py" benchmarks/scaling.py \
+  (cd "$ROOT" && CUDA_VISIBLE_DEVICES= run timeout "$limit" "$py" benchmarks/scaling/scaling.py \
      --workloads="$workloads" --worker_counts=1,2,4,8 --cpus_per_worker=2 --rounds=1 \
      "${extra[@]}" 2>&1 | tee "$(out)/scaling-cpu-${workloads//,/-}.txt") || say "bench-cpu stopped (exit $?)"
   finish "bench-cpu $workloads"

@@ -153,7 +153,7 @@ class Sync(Regime):
     bucket is one collective unless topology.MultiWorker.bytes_per_pack splits it
     further. 0 by default: at 2 one-core workers 128 KB buckets measured 7.5% slower at
     1 Gbit/s and 17% faster at 100 Mbit/s (results/scaling/README.md; the suites run on
-    loopback); benchmarks/overlap.py measures bucket sizes on an emulated link. With buckets the process gets at least
+    loopback); benchmarks/scaling/overlap.py measures bucket sizes on an emulated link. With buckets the process gets at least
     two inter-op threads (inter_op_threads_for_buckets).
     """
     inputs.number("regimes.Sync.bucket_bytes", bucket_bytes, 0, integer=True)

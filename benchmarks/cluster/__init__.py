@@ -1,0 +1,1 @@
+"""SLURM against the local launch (README.md)."""

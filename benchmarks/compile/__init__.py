@@ -1,0 +1,1 @@
+"""Graph against XLA, paired (README.md)."""

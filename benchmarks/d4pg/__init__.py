@@ -1,0 +1,1 @@
+"""D4PG: where a run's CPU goes, the actors' env steps/s (README.md)."""

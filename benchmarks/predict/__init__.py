@@ -1,0 +1,2 @@
+"""Prediction: calibrating a machine, fitting steps against batch, checking predictions
+(README.md)."""

@@ -1,0 +1,1 @@
+"""The regression tracker's noise and power (README.md)."""
