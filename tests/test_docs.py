@@ -173,9 +173,21 @@ def _expand(path: str) -> list[str]:
           for p in _expand(path[:match.start()] + alt + path[match.end():])]
 
 
+def _git(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+
+
+@functools.cache
+def _history_is_whole() -> bool:
+  """False in a shallow clone or a tree without git, where an old commit may be absent
+  without being wrong (its files cannot be checked there)."""
+  done = _git("rev-parse", "--is-shallow-repository")
+  return done.returncode == 0 and done.stdout.strip() == "false"
+
+
 def _in_git(rev: str, path: str) -> bool:
-  return subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO,
-                        capture_output=True).returncode == 0
+  """Whether commit rev has path; True where the history is not here to say."""
+  return _git("cat-file", "-e", f"{rev}:{path}").returncode == 0 or not _history_is_whole()
 
 
 def _path_problems(rel: str, text: str) -> list[str]:
