@@ -98,8 +98,9 @@ data:
 # pytest exits 5 when it collected nothing: that must fail, not pass. The tests run in
 # TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing;
 # --dist worksteal: an idle worker takes queued tests from the other. Measured (the
-# history: docs/reference/tests-and-benchmarks.md): 1121 passed, 9 skipped in 508.4 s of
-# pytest on the 2-core Zen 5 EPYC, fresh clone, alone (2026-12-05).
+# history: docs/reference/tests-and-benchmarks.md), fresh clones, alone: 1121 passed, 9
+# skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); 1146 passed, 9
+# skipped in 850.0 s on the 2-core Zen 4 EPYC (2026-12-06; test-quick: 127.1 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
