@@ -7,8 +7,10 @@ import ast
 import functools
 import glob
 import json
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -153,14 +155,14 @@ def test_the_flag_checker_itself():
 def _ab_json(path, logs_by_config: dict[str, list[float]]):
   pairs = [{"config": c, "order": "AB" if i % 2 == 0 else "BA",
             "base": {"metrics": {"examples_per_s": 100.0, "time_to_target_s": 50.0}},
-            "head": {"metrics": {"examples_per_s": 100.0 * 2.718281828 ** x,
+            "head": {"metrics": {"examples_per_s": 100.0 * math.exp(x),
                                  "time_to_target_s": 50.0}}}
            for c, logs in logs_by_config.items() for i, x in enumerate(logs)]
   path.write_text(json.dumps({"suites": [{"suite": "resnet", "pairs": pairs}]}))
   return str(path)
 
 
-def _budget(monkeypatch, capsys, *args) -> subprocess.CompletedProcess:
+def _budget(monkeypatch, capsys, *args) -> tuple[int, str, str]:
   """benchmarks/tracking/tracking_budget.py's main() in this process: (exit code, out, err)."""
   from benchmarks.tracking import tracking_budget   # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(sys, "argv", ["tracking_budget.py", *args])
@@ -169,25 +171,23 @@ def _budget(monkeypatch, capsys, *args) -> subprocess.CompletedProcess:
   except SystemExit as exit_:   # argparse's error: exit 2.
     code = exit_.code
   out, err = capsys.readouterr()
-  return subprocess.CompletedProcess(args, code, out, err)
+  return code, out, err
 
 
 def test_tracking_budget_reads_the_paired_noise_of_measured_aa_runs(tmp_path, monkeypatch,
                                                                     capsys):
   logs = {"replicas=1": [0.02, -0.02, 0.01, -0.01, 0.0, 0.03],
           "workers=2": [0.05, -0.05, 0.04, -0.04, 0.0, 0.02]}
-  done = _budget(monkeypatch, capsys, _ab_json(tmp_path / "ab.json", logs), "--pairs=6",
-                 "--runs=200")
-  assert done.returncode == 0, done.stderr[-2000:]
+  code, out, err = _budget(monkeypatch, capsys, _ab_json(tmp_path / "ab.json", logs),
+                           "--pairs=6", "--runs=200")
+  assert code == 0, err[-2000:]
   for config, values in logs.items():
     sd = float(re.search(rf"{re.escape(config)} +examples_per_s +n=  6  sd=([\d.]+)",
-                         done.stdout).group(1))
-    mean = sum(values) / len(values)
-    expected = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    assert sd == pytest.approx(expected, abs=1e-4)
+                         out).group(1))
+    assert sd == pytest.approx(statistics.stdev(values), abs=1e-4)
   caught = re.search(r"examples_per_s: 6 pairs x 2 configs: a 10% loss called a regression "
-                     r"in (\d+)% of resampled A/B runs; A/A in ([\d.]+)%", done.stdout)
-  assert caught and int(caught.group(1)) > float(caught.group(2)), done.stdout
+                     r"in (\d+)% of resampled A/B runs; A/A in ([\d.]+)%", out)
+  assert caught and int(caught.group(1)) > float(caught.group(2)), out
 
 
 @pytest.mark.parametrize("args, said", [
@@ -197,5 +197,5 @@ def test_tracking_budget_reads_the_paired_noise_of_measured_aa_runs(tmp_path, mo
     (["x.json", "--order_effect=1.1"], "--order_effect: flags of the simulated noise"),
 ])
 def test_tracking_budget_refuses_a_mixed_or_missing_input(args, said, monkeypatch, capsys):
-  done = _budget(monkeypatch, capsys, *args)
-  assert done.returncode == 2 and said in done.stderr, done.stderr
+  code, _, err = _budget(monkeypatch, capsys, *args)
+  assert code == 2 and said in err, err

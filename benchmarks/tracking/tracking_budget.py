@@ -44,9 +44,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 from replibench.tracking import paired, verdicts  # noqa: E402
 
 METRICS = ("examples_per_s", "time_to_target_s", "steps_to_target")
-# Flags of the simulated noise only, with their defaults (a measured run refuses them).
-SIMULATED_ONLY = {"noise": None, "rows": 3, "min_effect": 0.05, "order_effect": 1.0,
-                  "plain": False}
+# Flags of the simulated noise only (a measured run refuses them off their defaults).
+SIMULATED_ONLY = ("noise", "rows", "min_effect", "order_effect", "plain")
 
 
 # ----------------------------------------------------------------- simulated noise
@@ -159,7 +158,7 @@ def main() -> int:
     parser.error("give either --noise=SD,... (simulated) or A/A runs' ab.json files "
                  "(measured), not both and not neither")
   if args.ab_json:
-    wrong = [f"--{k}" for k, default in SIMULATED_ONLY.items() if getattr(args, k) != default]
+    wrong = [f"--{k}" for k in SIMULATED_ONLY if getattr(args, k) != parser.get_default(k)]
     if wrong:
       parser.error(f"{', '.join(wrong)}: flags of the simulated noise; measured pairs are "
                    "judged by the tracker's own verdict (its levels and order model)")
