@@ -2,7 +2,11 @@
 
 Everything lives under one private directory: the munge key and socket, slurm.conf
 (free ports, state, spool, logs, pid files), so it touches nothing of the machine's
-own SLURM and two of them (two xdist workers) run side by side. Each daemon is
+own SLURM and two of them (two xdist workers) run side by side. Their job ids start
+apart (FirstJobId, by xdist worker): a task's port comes from its job id
+(replibench/cluster.py), and two clusters that both numbered a job 1 put their
+concurrent jobs' servers on the same ports (one failed with "Could not start gRPC
+server"). Each daemon is
 started by this module and stopped by its PID. Needs root (slurmd runs the jobs as
 the submitting user and SlurmUser=root) and the packages that `make install` puts
 on a root machine (Makefile: slurm); `unavailable()` says why not where it cannot run.
@@ -42,6 +46,7 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
+FirstJobId={first_job_id}
 KillWait=5
 MinJobAge=600
 NodeName=localhost CPUs=2 State=UNKNOWN
@@ -70,6 +75,13 @@ def _free_ports(n: int) -> list[int]:
   return ports
 
 
+def first_job_id() -> int:
+  """1 for xdist worker gw0 (or no xdist), 101 for gw1, ...: each cluster's jobs (fewer
+  than 100 a test run) take port slots no other worker's cluster takes."""
+  worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+  return 1 + 100 * int(worker.removeprefix("gw") or 0)
+
+
 class LocalSlurm:
   """munged + slurmctld + slurmd under root_dir; env() is what a client needs."""
 
@@ -91,7 +103,8 @@ class LocalSlurm:
     os.chmod(key, 0o600)
     ctld, slurmd = _free_ports(2)
     with open(self.conf, "w") as f:
-      f.write(CONF.format(dir=self.dir, ctld_port=ctld, slurmd_port=slurmd))
+      f.write(CONF.format(dir=self.dir, ctld_port=ctld, slurmd_port=slurmd,
+                          first_job_id=first_job_id()))
     munge = os.path.join(self.dir, "munge")
     self._daemon("munged", ["munged", f"--socket={munge}/munge.socket", f"--key-file={key}",
                             f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",

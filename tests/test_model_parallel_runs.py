@@ -24,7 +24,7 @@ RESNET, SNGAN = "configs/resnet/fashion_mnist.gin", "configs/sngan/fashion_mnist
 # Two training steps of batch 64 of a two-block ResNet, two evaluations of 200 images;
 # pipelines over 2 micro-batches (tracing grows with micro-batches x pieces). No
 # augmentation and a small learning rate: the pipelined ResNet is also the reference of
-# the launched workers' run (tests/test_multiworker.py says why).
+# the launched workers' run (tests/tiny_runs.py says why).
 SHORT = {RESNET: ["Experiment.global_batch_size = 64", "Experiment.train_epochs = 0.05",
                   "Experiment.eval_every_epochs = 0.025", "FashionMNIST.num_eval_examples = 200",
                   "ImageClassification.eval_batch_size = 200", "small_resnet.widths = (4, 8)",

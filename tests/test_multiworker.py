@@ -1,52 +1,23 @@
 """2 worker processes through `replibench launch` == 2 replicas in one process.
 
-Three launches, each compared with a two-replica run in this process: the config's own
-cross-replica batch norm, the scaling configs' per-replica one, and the per-replica one
-with the step compiled by XLA on the workers (moved here from test_compile so that the
-two per-replica launches share one reference run: compilation recorded, the ring
-all-reduce between compiled pieces, variables within test_compile's tolerance).
+Three launches, each compared with a two-replica run in one process (tests/tiny_runs.py:
+one run a norm in a test run, which test_slurm_local's SLURM job is compared with too):
+the config's own cross-replica batch norm, the scaling configs' per-replica one, and the
+per-replica one with the step compiled by XLA on the workers (moved here from
+test_compile so that the two per-replica launches share one reference run: compilation
+recorded, the ring all-reduce between compiled pieces, variables within test_compile's
+tolerance).
 """
-
-import os
 
 import numpy as np
 import pytest
 
-from tests import helpers
+from tests import helpers, tiny_runs
 from tests.test_compile import VARIABLE_TOLERANCE
 
-CONFIG = "configs/resnet/fashion_mnist.gin"
-# A small learning rate: the two topologies sum gradients in different orders
-# (ring all-reduce across processes vs. one device), and a tiny BN net at a large
-# rate amplifies that float32 rounding within a few steps. Augmentation stays on:
-# each worker keeps its replica's batches of the one-process input, draws included.
-# Two blocks, not the tiny config's three, and 200 evaluation images, not 1,000
-# (test_model_parallel_runs' short ResNet): each launched worker traces the replicated
-# step, and what is compared, the same training on either topology, needs no depth.
-BINDINGS = [*helpers.TINY[CONFIG], "ImageClassification.base_lr_per_256 = 0.01",
-            "Experiment.jit_compile = False", "small_resnet.widths = (4, 8)",
-            "small_resnet.blocks_per_stage = (1, 1)", "FashionMNIST.num_eval_examples = 200",
-            "ImageClassification.eval_batch_size = 200"]
-# The config's own cross-replica batch norm, and the scaling configs' per-replica one
-# (whose math depends on which examples each replica gets, not only on the global batch).
-NORMS = {"cross_replica": [],
-         "per_replica": ["small_resnet.norm_layer = @engine.per_replica_batch_norm",
-                         "Experiment.train_epochs = 0.25"]}
-
-_LOCAL = {}
-
-
-def _local_run(tmp_path_factory, norm: str):
-  """The workdir of the two-replica reference for norm, trained in this process on
-  first use (as `replibench run` would: run_experiment; test_cli runs the CLI itself)."""
-  if norm not in _LOCAL:
-    from replibench.config import load_experiment  # pylint: disable=import-outside-toplevel
-    from replibench.harness.loop import run_experiment  # pylint: disable=C0415
-    workdir = tmp_path_factory.mktemp(f"local-{norm}")
-    files = [os.path.join(helpers.REPO, f) for f in (CONFIG, "configs/topology/local2.gin")]
-    run_experiment(load_experiment(files, BINDINGS + NORMS[norm]), str(workdir))
-    _LOCAL[norm] = workdir
-  return _LOCAL[norm]
+CONFIG = tiny_runs.RESNET
+# The short ResNet and its two norms (tests/tiny_runs.py says why they are short).
+BINDINGS, NORMS = tiny_runs.SHORT_RESNET, tiny_runs.NORMS
 
 
 def _launch(workdir, norm: str, *bindings: str):
@@ -66,7 +37,7 @@ def _launch(workdir, norm: str, *bindings: str):
 
 @pytest.mark.parametrize("norm", sorted(NORMS))
 def test_two_workers_match_two_local_replicas(tmp_path, tmp_path_factory, norm):
-  local = _local_run(tmp_path_factory, norm)
+  local = tiny_runs.short_resnet_on_two_replicas(tmp_path_factory, norm)
   launched = _launch(tmp_path / "workers", norm)
   a, b = helpers.result(local), helpers.result(tmp_path / "workers")
   assert (a.num_replicas, b.num_replicas, b.num_workers) == (2, 2, 2)
@@ -85,7 +56,7 @@ def test_two_compiled_workers_match_two_graph_replicas(tmp_path, tmp_path_factor
   launched workers trains as one process's uncompiled step (the small learning rate
   above keeps the ring's other summation order small; test_compile's tolerance for
   variables: XLA may reorder float32 sums, batch norm amplifies it)."""
-  local = _local_run(tmp_path_factory, "per_replica")
+  local = tiny_runs.short_resnet_on_two_replicas(tmp_path_factory, "per_replica")
   _launch(tmp_path / "xla", "per_replica", "Experiment.jit_compile = True")
   graph, xla = helpers.result(local), helpers.result(tmp_path / "xla")
   assert (graph.jit_compile, xla.jit_compile, xla.num_workers) == (False, True, 2)

@@ -3,8 +3,9 @@
 The module starts Debian's munged, slurmctld and slurmd under its own tmp directory
 (tests/slurm_local.py: private slurm.conf and munge key, each daemon stopped by its
 PID) and runs what a user on a SLURM cluster runs:
-- a 2-task ResNet job, whose training matches `launch --workers 2` of the same config
-  (the same steps, final metric and variables, within test_multiworker's tolerance);
+- a 2-task ResNet job, whose training matches the same config on two replicas in one
+  process (the same steps, final metric, losses and variables, within
+  test_multiworker's tolerance: the run its `launch --workers 2` is compared with);
 - a parameter-server cluster (a chief, a worker and a ps: the servers end with it);
 - a 2-trial sweep as one job array, one trial cancelled and then resumed.
 """
@@ -20,16 +21,14 @@ import pytest
 from replibench import hostlist
 from tests import helpers
 from tests import slurm_local
+from tests import tiny_runs
 
 pytestmark = pytest.mark.skipif(slurm_local.unavailable() is not None,
                                 reason=str(slurm_local.unavailable()))
 
-CONFIG = "configs/resnet/fashion_mnist.gin"
+CONFIG = tiny_runs.RESNET
 # test_multiworker's short ResNet (a small learning rate: the ring sums in another order).
-BINDINGS = [*helpers.TINY[CONFIG], "ImageClassification.base_lr_per_256 = 0.01",
-            "Experiment.jit_compile = False", "small_resnet.widths = (4, 8)",
-            "small_resnet.blocks_per_stage = (1, 1)", "FashionMNIST.num_eval_examples = 200",
-            "ImageClassification.eval_batch_size = 200"]
+BINDINGS = tiny_runs.SHORT_RESNET + tiny_runs.NORMS["cross_replica"]
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +55,18 @@ def test_hostlists_expand_as_scontrol_expands_them(slurm):
     assert hostlist.expand_hosts(expression) == expected
 
 
-def test_a_two_task_job_trains_as_a_local_two_worker_launch(slurm, tmp_path):
+def test_a_two_task_job_trains_as_two_local_replicas(slurm, tmp_path, tmp_path_factory):
   job = _slurm_launch(slurm, "--workers=2", "--", *_run_flags("workers.gin", tmp_path / "slurm"))
   assert job.returncode == 0, helpers.failure_report(job) + slurm.logs()
-  local = helpers.cli("launch", "--workers=2", "--timeout=400", "--",
-                      *_run_flags("workers.gin", tmp_path / "local"))
-  assert local.returncode == 0, helpers.failure_report(local)
-  helpers.assert_same_training(tmp_path / "local", tmp_path / "slurm")
+  # The reference test_multiworker's local `launch --workers=2` matches (one a test run).
+  local = tiny_runs.short_resnet_on_two_replicas(tmp_path_factory, "cross_replica")
+  helpers.assert_same_training(local, tmp_path / "slurm")
+  helpers.assert_same_losses(local, tmp_path / "slurm")
   result = helpers.result(tmp_path / "slurm")
   assert result.num_workers == 2 and result.final_step == result.budget["total_steps"]
   assert result.scheduler["name"] == "slurm" and result.scheduler["nodes"] == ["localhost"]
   job_id = result.scheduler["job_id"]
+  assert int(job_id) >= slurm_local.first_job_id()   # Apart from another worker's cluster.
   assert f"submitted job {job_id}" in job.stderr and "ended: chief's exit code 0" in job.stderr
   assert json.loads(job.stdout.splitlines()[-1])["final_step"] == result.final_step
   files = os.listdir(tmp_path / "slurm" / "slurm")
