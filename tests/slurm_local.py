@@ -6,10 +6,10 @@ own SLURM and two of them (two xdist workers) run side by side. Their job ids st
 apart (FirstJobId, by xdist worker): a task's port comes from its job id
 (replibench/cluster.py), and two clusters that both numbered a job 1 put their
 concurrent jobs' servers on the same ports (one failed with "Could not start gRPC
-server"). Each daemon is
-started by this module and stopped by its PID. Needs root (slurmd runs the jobs as
-the submitting user and SlurmUser=root) and the packages that `make install` puts
-on a root machine (Makefile: slurm); `unavailable()` says why not where it cannot run.
+server"). Each daemon is started by this module and stopped by its PID. Needs root
+(slurmd runs the jobs as the submitting user and SlurmUser=root) and the packages
+that `make install` puts on a root machine (Makefile: slurm); `unavailable()` says
+why not where it cannot run.
 """
 
 import os
