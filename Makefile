@@ -101,7 +101,7 @@ data:
 # history: docs/reference/tests-and-benchmarks.md), fresh clones, alone: 1121 passed, 9
 # skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); 1146 passed, 9
 # skipped in 767.7 s on the 2-core Zen 4 EPYC at 680313e (2026-12-06; 850.0-904.7 s
-# that morning before it; test-quick: 134.4 s).
+# earlier that day, before it; test-quick: 134.4 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \

@@ -58,7 +58,7 @@ def test_hostlists_expand_as_scontrol_expands_them(slurm):
 def test_a_two_task_job_trains_as_two_local_replicas(slurm, tmp_path, tmp_path_factory):
   job = _slurm_launch(slurm, "--workers=2", "--", *_run_flags("workers.gin", tmp_path / "slurm"))
   assert job.returncode == 0, helpers.failure_report(job) + slurm.logs()
-  # The reference test_multiworker's local `launch --workers=2` matches (one a test run).
+  # The run test_multiworker holds its local `launch --workers=2` to (made once a test run).
   local = tiny_runs.short_resnet_on_two_replicas(tmp_path_factory, "cross_replica")
   helpers.assert_same_training(local, tmp_path / "slurm")
   helpers.assert_same_losses(local, tmp_path / "slurm")
