@@ -82,11 +82,14 @@ def test_broken_gin_files_exit_2_with_one_paragraph(tmp_path, capsys, case, gin_
   assert not (tmp_path / "run").exists()
 
 
-def test_a_bad_environment_variable_is_named(tmp_path):
-  run = helpers.cli("run", f"--gin_file={CONFIG}", *TINY, "--max_steps=1",
-                    "--gin_file=configs/topology/local2.gin", f"--workdir={tmp_path / 'run'}",
-                    env={"REPLIBENCH_CPU_DEVICES": "abc"})
-  assert "REPLIBENCH_CPU_DEVICES" in _one_paragraph_error(run)
+@pytest.mark.parametrize("case,variable,value", [
+    (0, "REPLIBENCH_CPU_DEVICES", "abc"), (1, "REPLIBENCH_CALIBRATION_S", "0"),
+    (2, "REPLIBENCH_CALIBRATION_S", "fast")])
+def test_a_bad_environment_variable_is_named(tmp_path, capsys, case, variable, value):
+  run = _cli(capsys, case, "run", f"--gin_file={CONFIG}", *TINY, "--max_steps=1",
+             "--gin_file=configs/topology/local2.gin", f"--workdir={tmp_path / 'run'}",
+             env={variable: value})
+  assert f"{variable}={value!r}" in _one_paragraph_error(run)
   assert not (tmp_path / "run").exists()
 
 
