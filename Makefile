@@ -99,9 +99,9 @@ data:
 # TEST_WORKERS processes (pytest-xdist): most of their time is single-threaded tracing;
 # --dist worksteal: an idle worker takes queued tests from the other. Measured (the
 # history: docs/reference/tests-and-benchmarks.md), fresh clones, alone: 1121 passed, 9
-# skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); 1146 passed, 9
-# skipped in 767.7 s on the 2-core Zen 4 EPYC at 680313e (2026-12-06; 850.0-904.7 s
-# earlier that day, before it; test-quick: 134.4 s).
+# skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); on the 2-core Zen 4
+# EPYC 767.7-802.8 s at 680313e (2026-12-06), 682.5 s and 724.1 s after ml_dtypes < 0.7
+# and the tests' short calibration (2026-12-07; test-quick: 134.4 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
