@@ -124,7 +124,8 @@ def calibration_budget_s() -> float:
 
 
 def calibrate(budget_s: float | None = None) -> dict:
-  """{'matmul_gflops', 'convnet_gflops'}: this machine's speed now, in about 0.5 s.
+  """{'matmul_gflops', 'convnet_gflops'}: this machine's speed now, in about 0.5 s
+  (at the default budget).
 
   Measured in the run's own process at its start, so it also reflects what else
   the machine was doing. The best of several repeats within budget_s seconds each
