@@ -15,10 +15,9 @@ import time
 
 import tensorflow as tf
 
-from replibench import allocator, dirty
+from replibench import allocator, dirty, inputs
 from replibench import machine as machine_id
 from replibench.engine import devices
-from replibench.errors import UserError
 
 # The flags that change which kernels oneDNN / Eigen pick (x86 and Arm).
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni",
@@ -108,19 +107,17 @@ def _convnet_rate(budget_s: float, batch: int = 32) -> float:
 
 
 def calibration_budget_s() -> float:
-  """REPLIBENCH_CALIBRATION_S if set (seconds, > 0 and <= 10), else 0.15."""
+  """REPLIBENCH_CALIBRATION_S if set (seconds, in (0, 10]), else 0.15."""
   raw = os.environ.get(CALIBRATION_ENV)
   if raw is None:
     return CALIBRATION_S
   try:
     value = float(raw)
   except ValueError:
-    value = float("nan")
-  if not 0 < value <= 10:
-    raise UserError(f"{CALIBRATION_ENV}={raw!r}: the seconds each of the machine "
-                    f"calibration's two rates is timed for at a run's start, a number in "
-                    f"(0, 10] (or unset: {CALIBRATION_S}).")
-  return value
+    value = raw   # Not a number: inputs.number says so, showing it as written.
+  return inputs.number(CALIBRATION_ENV, value, 0, 10, low_open=True,
+                       meaning=f"seconds each calibration rate is timed for at a run's "
+                               f"start; unset: {CALIBRATION_S}")
 
 
 def calibrate(budget_s: float | None = None) -> dict:
