@@ -100,7 +100,7 @@ data:
 # --dist worksteal: an idle worker takes queued tests from the other. Measured (the
 # history: docs/reference/tests-and-benchmarks.md), fresh clones, alone: 1121 passed, 9
 # skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); on the 2-core Zen 4
-# EPYC 767.7-802.8 s at 680313e (2026-12-06), 682.5-767.7 s (four runs, mean 722.5 s)
+# EPYC 767.7-802.8 s at 680313e (2026-12-06), 682.5-767.7 s (five runs, mean 720.8 s)
 # after ml_dtypes < 0.7 and the tests' short calibration (2026-12-07; test-quick 124.7 s).
 TEST_WORKERS ?= 2
 test: install data
