@@ -114,8 +114,8 @@ points = [{{label = "ok", bindings = ["small_resnet.widths = (4, 8, 8)"]}},
   assert not list((tmp_path / "w").rglob("result.json"))   # No trial ran.
 
 
-@pytest.mark.parametrize("case,content", enumerate([b"\x89PNG\r\n\x1a\n\x00\x00",
-                                                   b"\xff\xfe not utf8", None]))
+@pytest.mark.parametrize("case,content", list(enumerate([b"\x89PNG\r\n\x1a\n\x00\x00",
+                                                        b"\xff\xfe not utf8", None])))
 def test_a_sweep_file_that_is_binary_or_a_directory_exits_2(tmp_path, capsys, case, content):
   path = tmp_path / "s.sweep"
   if content is None:
@@ -127,7 +127,7 @@ def test_a_sweep_file_that_is_binary_or_a_directory_exits_2(tmp_path, capsys, ca
 
 
 @pytest.mark.parametrize("case,content",
-                         enumerate([b"[1, 2, 3]", b"\x00\x01binary", b'{"workload": 3}']))
+                         list(enumerate([b"[1, 2, 3]", b"\x00\x01binary", b'{"workload": 3}'])))
 def test_a_baseline_that_is_not_a_report_exits_2(tmp_path, capsys, case, content):
   (tmp_path / "base.json").write_bytes(content)
   run = _cli(capsys, case, "compare", str(tmp_path / "base.json"),
