@@ -4,6 +4,7 @@ apply_gradients returns (and that add up over a step's calls), and the process's
 role decided in one place."""
 
 import json
+import sys
 
 import keras
 import numpy as np
@@ -88,3 +89,31 @@ def test_the_process_role_is_decided_in_one_place(monkeypatch):
   assert engine.process_role(topology, regimes.BackupPS()) == engine.Role(False, False)
   monkeypatch.setenv("TF_CONFIG", _cluster("chief"))
   assert engine.process_role(topology, regimes.AsyncPS()) == engine.Role(True, True)
+
+
+def test_engine_code_runs_unconverted_by_autograph_and_the_step_fn_is_converted():
+  """Regimes and collectives are engine code, left alone by AutoGraph as TensorFlow's
+  and Keras' own (regimes/base.py: converting them cost each process ~1 CPU-s); the
+  workload's step_fn that calls them is converted, so its Python `if` on a tensor works."""
+  ran_from = []
+
+  class Probe(regimes.Sync):   # A regime of a later author: no decorator of its own.
+    def apply_gradients(self, optimizer, grads, variables):
+      ran_from.append(sys._getframe().f_code.co_filename)   # pylint: disable=W0212
+      return engine.StepMetrics({"regime/replicas": float(engine.num_replicas())})
+
+  replicator, probe = engine.Replicator(engine.Local(num_replicas=2, device="cpu")), Probe()
+
+  def step_fn(x):
+    metrics = probe.apply_gradients(None, [], [])
+    if tf.reduce_sum(x) > 0:   # Converted: a tf.cond, not a Python bool of a tensor.
+      x = -x
+    return {"x": x, **metrics}
+
+  run = tf.function(lambda: replicator.reduce(replicator.run(step_fn, tf.ones([2])), "sum"))
+  out = run()
+  # Once a replica (each traces step_fn), called from this file's code as written (in a
+  # converted copy the call itself goes through AutoGraph's converted_call).
+  assert ran_from == [__file__] * 2, ran_from
+  np.testing.assert_array_equal(out["x"], [-2.0, -2.0])
+  assert float(out["regime/replicas"]) == 4.0

@@ -174,6 +174,9 @@ def augment_batch(images: tf.Tensor, seed: tf.Tensor, crop_padding: int = 2,
   return images
 
 
+# Built with AutoGraph off: tf.data then traces its map functions unconverted (they use
+# tf ops only; engine/regimes/base.py says what conversion costs each process).
+@tf.autograph.experimental.do_not_convert
 def dataset(split: str, *, per_replica_batch_size: int, input_pipeline_id: int = 0,
             num_input_pipelines: int = 1, training: bool, seed: int, augment: bool = True,
             shuffle: bool = True, crop_padding: int = 0, flip: bool = True,

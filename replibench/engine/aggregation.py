@@ -13,6 +13,7 @@ from replibench import internals
 from replibench.engine import collectives, fusion
 
 
+@tf.autograph.experimental.do_not_convert   # Engine code (regimes/base.py says why).
 def average_loss(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
   """Loss whose gradients, summed over replicas, are those of the global mean.
 

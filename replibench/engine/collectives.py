@@ -131,16 +131,21 @@ def _identity_in_compiled_piece(kind: str) -> bool:
       f"in its forward pass), one replica, or Experiment.jit_compile = False.")
 
 
+# The collectives below are engine code, run unconverted by AutoGraph, as TensorFlow's
+# own are (regimes/base.py, Regime.__init_subclass__, says what conversion costs).
+@tf.autograph.experimental.do_not_convert
 def num_replicas() -> int:
   """Replicas taking part in the current step (Python int)."""
   return _group().num_replicas()
 
 
+@tf.autograph.experimental.do_not_convert
 def replica_id() -> tf.Tensor:
   """This replica's index in [0, num_replicas()), an int32 scalar tensor."""
   return _group().replica_id()
 
 
+@tf.autograph.experimental.do_not_convert
 def all_reduce(x, op: str = "sum", kind: str = "other"):
   """Reduces a (nest of) tensor(s) over replicas; every replica gets the result.
 
@@ -184,6 +189,7 @@ def _recording_backward(reduced, kind: str):
   return tf.nest.pack_sequence_as(reduced, identity(*leaves))
 
 
+@tf.autograph.experimental.do_not_convert
 def all_gather(x, axis: int = 0, kind: str = "other"):
   """Concatenates every replica's x along axis, in replica order.
 
@@ -200,6 +206,7 @@ def all_gather(x, axis: int = 0, kind: str = "other"):
   return _group().all_gather(x, axis)
 
 
+@tf.autograph.experimental.do_not_convert
 def broadcast(x, source_replica: int = 0, kind: str = "other"):
   """Every replica receives source_replica's value of x (a nest of tensors, not bool)."""
   if any(tf.as_dtype(t.dtype).is_bool for t in tf.nest.flatten(x)):
@@ -210,6 +217,7 @@ def broadcast(x, source_replica: int = 0, kind: str = "other"):
   return _group().broadcast(x, source_replica)
 
 
+@tf.autograph.experimental.do_not_convert
 def permute(x, source, kind: str = "parameters"):
   """Each replica receives x from the replica(s) it names, through an all-gather.
 
@@ -230,6 +238,7 @@ def permute(x, source, kind: str = "parameters"):
   return tf.nest.map_structure(lambda t: tf.gather(t, source, axis=0), gathered)
 
 
+@tf.autograph.experimental.do_not_convert
 def pair_all_reduce(x, partner, kind: str = "parameters"):
   """Sums x with the partner's x: an all-reduce in a group of two replicas.
 
@@ -274,6 +283,7 @@ def pair_all_reduce(x, partner, kind: str = "parameters"):
   return tf.stack(sums) if partner.shape.rank == 1 else sums[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def all_to_all(x, kind: str = "gradients"):
   """Row j of x goes to replica j: the result's row i is what replica i sent this one.
 

@@ -168,6 +168,7 @@ class Replicator(BaseReplicator):
     """Runs step_fn once on every replica; returns per-replica results."""
     return self.strategy.run(step_fn, args=args, kwargs=kwargs)
 
+  @tf.autograph.experimental.do_not_convert   # Engine code (regimes/base.py says why).
   def reduce(self, values, op: str = "mean"):
     """Per-replica results to host values: 'sum', 'mean' or 'concat'.
 

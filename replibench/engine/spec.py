@@ -119,6 +119,7 @@ class TrainSpec:
     object.__setattr__(self, "per_replica_batch_size",
                        per_replica_batch_size(self.global_batch_size, self.num_replicas))
 
+  @tf.autograph.experimental.do_not_convert   # Engine code (regimes/base.py says why).
   def compiled(self, fn):
     """fn (a replica's forward and backward pass, no collectives inside) as one XLA
     cluster when jit_compile, else fn itself."""

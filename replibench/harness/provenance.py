@@ -79,7 +79,7 @@ def _best_rate(fn, flops: float, budget_s: float) -> float:
 
 def _matmul_rate(budget_s: float, n: int = 512) -> float:
   a = tf.random.stateless_normal([n, n], seed=[1, 2])
-  matmul = tf.function(lambda x: tf.reduce_sum(tf.linalg.matmul(x, x)))
+  matmul = tf.function(lambda x: tf.reduce_sum(tf.linalg.matmul(x, x)), autograph=False)
   return _best_rate(lambda: matmul(a).numpy(), 2.0 * n**3, budget_s)
 
 
@@ -92,7 +92,7 @@ def _convnet_rate(budget_s: float, batch: int = 32) -> float:
   w1, w2, w3 = normal([3, 3, 1, 16]), normal([3, 3, 16, 32]), normal([14 * 14 * 32, 10])
   x = tf.random.stateless_normal([batch, 28, 28, 1], seed=[4, 0])
 
-  @tf.function
+  @tf.function(autograph=False)
   def step():
     with tf.GradientTape() as tape:
       h = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
