@@ -93,7 +93,7 @@ def test_the_process_role_is_decided_in_one_place(monkeypatch):
 
 def test_engine_code_runs_unconverted_by_autograph_and_the_step_fn_is_converted():
   """Regimes and collectives are engine code, left alone by AutoGraph as TensorFlow's
-  and Keras' own (regimes/base.py: converting them cost each process ~1.5 CPU-s); the
+  and Keras' own (regimes/base.py: converting them cost each process ~a fifth); the
   workload's step_fn that calls them is converted, so its Python `if` on a tensor works."""
   ran_from = []
 

@@ -71,10 +71,11 @@ class Regime:
     """Each regime's apply_gradients and apply_gradients_jointly run unconverted by
     AutoGraph, as TensorFlow's and Keras' own code does: they branch on tensors with
     tf.cond and tf.while_loop, never with Python `if`. Converted, the engine's code
-    cost every process that traces a step ~1.5 CPU-s, launched tasks included (a small
-    ResNet run on the Zen 4, 2026-12-07: 1.97 of its 8.1 CPU-s in AutoGraph, 0.51 once
-    the engine's code was left alone). The workload's step_fn that calls them is still
-    converted, as tf.distribute converts it."""
+    cost every process that traces a step, launched tasks included, about a fifth of
+    a small ResNet run's CPU (2026-12-07, docs/reference/tests-and-benchmarks.md: 24%
+    of it in AutoGraph, 6% once the engine's code was left alone; -17% CPU side by
+    side). The workload's step_fn that calls them is still converted, as
+    tf.distribute converts it."""
     super().__init_subclass__(**kwargs)
     for name in ("apply_gradients", "apply_gradients_jointly"):
       if name in vars(cls):
