@@ -101,9 +101,9 @@ data:
 # history: docs/reference/tests-and-benchmarks.md), fresh clones, alone: 1121 passed, 9
 # skipped in 508.4 s of pytest on the 2-core Zen 5 EPYC (2026-12-05); on the 2-core Zen 4
 # EPYC 767.7-802.8 s at 680313e (2026-12-06), 682.5-767.7 s (five runs, mean 720.8 s)
-# after ml_dtypes < 0.7 and the tests' short calibration, 660.0-697.6 s (four runs,
-# mean 673.2 s) with the engine's code left unconverted by AutoGraph (2026-12-07;
-# test-quick 120.2 s).
+# after ml_dtypes < 0.7 and the tests' short calibration, 660.0-766.4 s (five runs,
+# mean 691.8 s; over 720 s in one) with the engine's code left unconverted by AutoGraph
+# (2026-12-07; test-quick 120.2 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
