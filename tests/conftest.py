@@ -19,16 +19,24 @@ os.environ.setdefault("REPLIBENCH_CALIBRATION_S", "0.02")
 import gin  # noqa: E402
 import pytest  # noqa: E402
 
-from replibench import internals  # noqa: E402
-from replibench.engine import devices  # noqa: E402
 
-devices.ensure_logical_cpus(int(os.environ["REPLIBENCH_CPU_DEVICES"]))
+def _runs_tests(config) -> bool:
+  """False in pytest-xdist's controller, which only hands tests to its workers."""
+  return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+
+
+def _set_up_tensorflow() -> None:
+  """The logical CPUs, before anything starts TensorFlow's runtime (pytest_configure
+  runs before the test modules are imported)."""
+  from replibench.engine import devices  # pylint: disable=import-outside-toplevel
+  devices.ensure_logical_cpus(int(os.environ["REPLIBENCH_CPU_DEVICES"]))
 
 
 @pytest.fixture(autouse=True)
 def fresh_collective_keys():
   """Tests that build their own MirroredStrategy get keys no earlier test used
   (the engine does the same for the strategies it builds)."""
+  from replibench import internals  # pylint: disable=import-outside-toplevel
   internals.fresh_collective_keys()
 
 
@@ -123,8 +131,12 @@ _LIBC = _glibc()
 
 
 def pytest_configure(config):
-  """REPLIBENCH_TEST_MEMORY_LOG=FILE: each test's time and memory, to FILE
+  """TensorFlow set up where tests run: not in xdist's controller, whose import of it
+  cost ~3.5 CPU-s and ~0.8 GB resident for the whole suite, there at its memory peak.
+  REPLIBENCH_TEST_MEMORY_LOG=FILE: each test's time and memory, to FILE
   (tests/memory_log.py)."""
+  if _runs_tests(config):
+    _set_up_tensorflow()
   path = os.environ.get("REPLIBENCH_TEST_MEMORY_LOG")
   if path:
     from tests import memory_log  # pylint: disable=import-outside-toplevel
