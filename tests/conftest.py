@@ -132,7 +132,7 @@ _LIBC = _glibc()
 
 def pytest_configure(config):
   """TensorFlow set up where tests run: not in xdist's controller, whose import of it
-  cost ~3.5 CPU-s and ~0.8 GB resident for the whole suite, there at its memory peak.
+  cost ~4 CPU-s and held ~0.8 GB resident for the whole suite, its memory peak included.
   REPLIBENCH_TEST_MEMORY_LOG=FILE: each test's time and memory, to FILE
   (tests/memory_log.py)."""
   if _runs_tests(config):
