@@ -97,13 +97,12 @@ def pytest_runtest_teardown(item, nextitem):
   run), every object unfrozen and collected, so what it left as garbage is freed
   before the next test runs.
 
-  Only then: this full collection walks every object the worker holds, 0.23 s early
-  in a worker and 1.3-1.6 s late in it (2.4 million objects). Run at every module's
-  end, 87 of them took 91 CPU-s of a 638 s run of the suite on the 2-core Zen 4 and
-  found 60 thousand objects in all, nearly all at the ends of modules whose
-  module-scoped fixtures had ended. Run only then, 12 took 13 CPU-s, and the frozen
-  objects that died elsewhere and were never collected numbered 0-40 a process at the
-  suite's end.
+  Only then: this full collection walks every object the worker holds (2.4 million
+  late in a run). Run at every module's end, 87 of them found 60 thousand objects in
+  all, nearly all where module-scoped fixtures had ended, for ~7% of the suite's CPU;
+  run only then, 12 cost a seventh of that, and 0-40 frozen objects a process were
+  left uncollected at the suite's end (docs/reference/tests-and-benchmarks.md: the
+  machine and the measured figures).
   """
   del item, nextitem
   yield
@@ -132,7 +131,7 @@ _LIBC = _glibc()
 
 def pytest_configure(config):
   """TensorFlow set up where tests run: not in xdist's controller, whose import of it
-  cost ~4 CPU-s and held ~0.8 GB resident for the whole suite, its memory peak included.
+  held ~0.8 GB resident for the whole suite, its memory peak included.
   REPLIBENCH_TEST_MEMORY_LOG=FILE: each test's time and memory, to FILE
   (tests/memory_log.py)."""
   if _runs_tests(config):
