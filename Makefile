@@ -103,7 +103,7 @@ data:
 # EPYC 767.7-802.8 s at 680313e (2026-12-06), 682.5-767.7 s (five runs, mean 720.8 s)
 # after ml_dtypes < 0.7 and the tests' short calibration, 660.0-766.4 s (five runs,
 # mean 691.8 s; over 720 s in one) with the engine's code left unconverted by AutoGraph
-# (2026-12-07; test-quick 120.2 s), 593.6-762.9 s (four runs, mean 662.3 s; over 720 s
+# (2026-12-07; test-quick 120.2 s), 593.4-762.9 s (five runs, mean 648.5 s; over 720 s
 # in one, the VM 18% slower that hour) with conftest's full garbage collections cut from
 # 87 to 12 (2026-12-07; test-quick 111.9 s).
 TEST_WORKERS ?= 2
