@@ -20,7 +20,10 @@ whose internals moved, instead of letting the math change silently.
                     range per strategy); `_pywrap_util_port.IsMklEnabled`
                     (whether oneDNN's CPU kernels are on: benchmarks);
                     `multi_device_iterator_ops._create_device_dataset` (the
-                    per-device datasets' options: untuned_per_device_datasets).
+                    per-device datasets' options: untuned_per_device_datasets);
+                    `ops._gradient_registry` (tf.custom_gradient's entries, which
+                    keep every graph traced through one alive:
+                    forget_custom_gradients).
   Model parallelism `values.MirroredVariable` subclassed for a variable split over
                     a model group (its reads outside the group, its checkpoint),
                     `device_util` (canonical and current device names),
@@ -132,6 +135,38 @@ def profile_tool_data(xplane_paths: list[str], tool: str) -> bytes:
     raise ValueError(f"TensorFlow's profiler converter has no tool {tool!r}: "
                      f"{bytes(data)[:200]!r}")
   return bytes(data)
+
+
+# -- TensorFlow's gradient registry: what tf.custom_gradient leaves behind -----------
+
+_CUSTOM_GRADIENT_PREFIX = "CustomGradient-"   # custom_gradient.generate_name()'s names.
+
+
+def custom_gradient_names() -> frozenset[str]:
+  """The gradient functions tf.custom_gradient has registered in this process so far."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  return frozenset(name for name in ops._gradient_registry._registry   # pylint: disable=protected-access
+                   if name.startswith(_CUSTOM_GRADIENT_PREFIX))
+
+
+def forget_custom_gradients(keep: frozenset[str] = frozenset()) -> int:
+  """Removes from TensorFlow's global gradient registry every tf.custom_gradient
+  function but those named in keep; returns how many went.
+
+  Each graph-mode call of a tf.custom_gradient function (the engine's collectives and
+  model-parallel exchanges, once per trace) registers its gradient under a fresh name
+  and never removes it, and that closure holds the traced tensors, so every graph
+  ever traced through one stays alive (tensorflow/tensorflow#97697, #27492): each
+  full-size plan kept 0.3 GiB (ResNet-50) or 1 GiB (SN-GAN 128) for good, and a test
+  worker grew to 4.5 GB. Call it once nothing will take a gradient through those
+  graphs again: the traces that registered them have finished.
+  """
+  from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
+  registry = ops._gradient_registry._registry   # pylint: disable=protected-access
+  gone = custom_gradient_names() - keep
+  for name in gone:
+    del registry[name]
+  return len(gone)
 
 
 # -- tf.distribute: collective keys ----------------------------------------------------

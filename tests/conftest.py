@@ -69,40 +69,66 @@ def collect_garbage_while_it_is_fresh():
   to garbage later (a module-scoped run when its module ends) is collected once
   its fixture has ended (pytest_runtest_teardown below).
 
+  Before collecting, the test's tf.custom_gradient registrations are dropped: TensorFlow
+  keeps each for good, and with it the whole graph traced through it
+  (internals.forget_custom_gradients). Kept, they grew each xdist worker to 2.4
+  million objects and 3-4.5 GB, and the suite past 8 GiB.
+
   Then glibc is asked to hand freed heap pages back to the system: the xdist
   workers otherwise keep every test's peak (TensorFlow's many threads each hold a
   malloc arena), and with launched clusters on top the suite neared CI's 8 GiB.
   """
+  from replibench import internals  # pylint: disable=import-outside-toplevel
+  registered = internals.custom_gradient_names()
   yield
+  internals.forget_custom_gradients(keep=registered)
   gc.collect()
   gc.freeze()
   if _LIBC is not None:
     _LIBC.malloc_trim(0)
 
 
-# Set when a fixture wider than a test (module, class, package) has been torn down:
-# what it held may be frozen garbage now.
+_WIDER_SCOPES = ("class", "module", "package")
+# The custom gradients each fixture wider than a test registered while it was set up
+# (a module-scoped run's traced steps): dropped once it has ended.
+_REGISTERED_BY_FIXTURE = {}
+# Set when a fixture wider than a test has been torn down: what it held may be frozen
+# garbage now. The custom gradients its set-up registered, to drop.
 _WIDER_FIXTURE_ENDED = [False]
+_GRADIENTS_TO_DROP = set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+  del request
+  if fixturedef.scope not in _WIDER_SCOPES:
+    yield
+    return
+  from replibench import internals  # pylint: disable=import-outside-toplevel
+  before = internals.custom_gradient_names()
+  yield
+  _REGISTERED_BY_FIXTURE[fixturedef] = internals.custom_gradient_names() - before
 
 
 def pytest_fixture_post_finalizer(fixturedef, request):
   del request
-  if fixturedef.scope in ("class", "module", "package"):
+  if fixturedef.scope in _WIDER_SCOPES:
     _WIDER_FIXTURE_ENDED[0] = True
+    _GRADIENTS_TO_DROP.update(_REGISTERED_BY_FIXTURE.pop(fixturedef, ()))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
   """Once a test's teardown has ended a fixture wider than a test (a module-scoped
-  run), every object unfrozen and collected, so what it left as garbage is freed
-  before the next test runs.
+  run), its custom gradients dropped and every object unfrozen and collected, so what
+  it left as garbage is freed before the next test runs.
 
   Only then: this full collection walks every object the worker holds (2.4 million
-  late in a run). Run at every module's end, 87 of them found 60 thousand objects in
-  all, nearly all where module-scoped fixtures had ended, for ~7% of the suite's CPU;
-  run only then, 12 cost a seventh of that, and 0-40 frozen objects a process were
-  left uncollected at the suite's end (docs/reference/tests-and-benchmarks.md: the
-  machine and the measured figures).
+  late in a run while custom gradients kept their graphs, ~0.57 million since). Run at
+  every module's end, 87 of them found 60 thousand objects in all, nearly all where
+  module-scoped fixtures had ended, for ~7% of the suite's CPU; run only then, 12 cost
+  a seventh of that, and 0-40 frozen objects a process were left uncollected at the
+  suite's end (docs/reference/tests-and-benchmarks.md: the machine and the figures).
   """
   del item, nextitem
   yield
@@ -112,6 +138,9 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def _collect_everything():
+  from replibench import internals  # pylint: disable=import-outside-toplevel
+  internals.forget_custom_gradients(keep=internals.custom_gradient_names() - _GRADIENTS_TO_DROP)
+  _GRADIENTS_TO_DROP.clear()
   gc.unfreeze()
   gc.collect()
   gc.freeze()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tensorflow import make_ndarray
 
+from replibench import internals
 from replibench.config import load_experiment
 from replibench.config.plan import make_plan
 from replibench.engine import devices
@@ -86,6 +87,19 @@ def test_every_config_plans(config):
   # The batch norms the models use, with their one momentum and epsilon, are stated.
   if "fashion_mnist" in plan["workload"] and not plan["workload"].startswith("d4pg"):
     assert "momentum 0.9, epsilon" in plan["batch_norm"], plan["batch_norm"]
+
+
+def test_a_plan_leaves_no_custom_gradient_holding_its_traced_step(monkeypatch):
+  """The plan's traced step registers custom gradients (the collectives' recorded
+  backward passes); left in TensorFlow's registry they would keep that graph alive
+  for the process's life (internals.forget_custom_gradients)."""
+  forgotten, forget = [], internals.forget_custom_gradients
+  monkeypatch.setattr(internals, "forget_custom_gradients",
+                      lambda keep: forgotten.append(forget(keep)) or forgotten[-1])
+  before = internals.custom_gradient_names()
+  make_plan(load_experiment([os.path.join(helpers.REPO, "configs/resnet/fashion_mnist.gin")], []))
+  assert forgotten and forgotten[0] > 0
+  assert internals.custom_gradient_names() == before
 
 
 def test_a_plan_builds_each_model_once_per_precision_and_layout():

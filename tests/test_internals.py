@@ -5,10 +5,12 @@ When a release moves one of them, the failing test names it; the fix belongs in
 internals.py alone.
 """
 
+import gc
 import inspect
 import json
 import os
 import platform
+import weakref
 
 import gin
 import keras
@@ -152,6 +154,37 @@ def test_strategies_made_one_after_another_use_their_own_collective_keys():
         tf.distribute.get_replica_context().all_reduce("sum", tf.ones([n])) for n in shapes]))
     sums = strategy.experimental_local_results(step())
     np.testing.assert_array_equal(sums[0][0], np.full(shapes[0], 2.0))
+
+
+def test_forgetting_custom_gradients_frees_the_graphs_that_registered_them():
+  """tensorflow/tensorflow#97697: each trace through a tf.custom_gradient function
+  registers its gradient for good, and with it every tensor of the traced graph.
+  internals.forget_custom_gradients is what frees them (tests/conftest.py after each
+  test, config/plan.py after its trace)."""
+  @tf.custom_gradient
+  def doubles_its_gradient(x):
+    return tf.identity(x), lambda dy: 2.0 * dy
+
+  @tf.function
+  def gradient(x):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = doubles_its_gradient(x)
+    return tape.gradient(y, x)
+
+  before = internals.custom_gradient_names()
+  assert gradient(tf.constant(1.0)).numpy() == 2.0
+  assert len(internals.custom_gradient_names() - before) == 1
+  graph = weakref.ref(gradient.get_concrete_function(tf.constant(1.0)).graph)
+  del gradient
+  gc.collect()
+  assert graph() is not None, (
+      "TensorFlow no longer keeps a custom gradient's graph alive: "
+      "internals.forget_custom_gradients may be unneeded on this version")
+  assert internals.forget_custom_gradients(keep=before) == 1
+  gc.collect()
+  assert graph() is None
+  assert internals.custom_gradient_names() == before
 
 
 def test_onednn_flag_is_readable():

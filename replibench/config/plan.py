@@ -10,6 +10,7 @@ compute-dtype all-reduce), so the bytes per step are float32's.
 
 import tensorflow as tf
 
+from replibench import internals
 from replibench.config import model_parallel_plan
 from replibench.config.experiment import Experiment
 from replibench.engine import layers
@@ -22,8 +23,14 @@ def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
   # check_models, describe and the traced step read the models' structure alone: one
   # build serves all three (workloads/build_once.py).
-  with build_once.shared():
-    return _plan(experiment)
+  registered = internals.custom_gradient_names()
+  try:
+    with build_once.shared():
+      return _plan(experiment)
+  finally:
+    # The traced step is read and dropped: its custom gradients' registrations would
+    # keep its graph alive for the process's life (0.3 GiB a full-size ResNet-50 plan).
+    internals.forget_custom_gradients(keep=registered)
 
 
 def _plan(experiment: Experiment) -> dict:
