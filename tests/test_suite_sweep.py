@@ -231,6 +231,35 @@ def test_hparams_experiment_config_names_trial_hparams_and_metrics(tmp_path):
       "hparams/time_to_target_s", "hparams/final_metric"}
 
 
+def test_the_hparams_config_grows_as_trials_end_reading_each_result_once(tmp_path, monkeypatch):
+  """Each finished trial's result joins the table at once; a result.json is read when
+  the sweep starts, after its trial and for the final table, not after every trial."""
+  from tensorboard.backend.event_processing import event_file_loader
+  from tensorboard.plugins.hparams import plugin_data_pb2
+  from replibench.suite import results as suite_results
+
+  workdir = str(tmp_path / "run")
+  path = os.path.join(workdir, hparams_config.CONFIG_FILE)
+  reads, read = {}, suite_results.read_result
+  monkeypatch.setattr(suite_results, "read_result", lambda d: reads.update(
+      {d: reads.get(d, 0) + 1}) or read(d))
+
+  def batches_in_the_table():
+    (value,) = [v for e in event_file_loader.EventFileLoader(path).Load() for v in e.summary.value]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    (batch,) = [h for h in data.experiment.hparam_infos if h.name == "global_batch_size"]
+    return len(batch.domain_discrete.values)
+
+  seen = []
+  runner = fake.FakeRunner(lambda t: seen.append(
+      batches_in_the_table() if os.path.exists(path) else 0) or {"global_batch_size": len(seen)})
+  outcome = sweep.run_sweep([], write_sweep(tmp_path), workdir, runner=runner, log=lambda s: None)
+  assert len(outcome.outcomes) == 8 and outcome.num_failed == 0
+  assert seen == list(range(8))   # Trial k's table had the k trials before it.
+  assert batches_in_the_table() == 8
+  assert len(reads) == 8 and max(reads.values()) <= 3, reads
+
+
 FAKE_CLI = '''
 import json, os, sys
 args = sys.argv[1:]

@@ -165,6 +165,21 @@ def _write_manifest(workdir: str, sweep: sweep_file.Sweep, trials: list[Trial],
       "trials": [t.to_dict() for t in trials]})
 
 
+class _HParamsTable:
+  """The sweep root's HParams experiment config, rewritten as each trial ends from the
+  results found when the sweep started plus each finished trial's: a trial's
+  result.json is read once, not again after every later trial (quadratic in trials)."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.found = dict(results.find_results(workdir))
+
+  def add(self, trial_dir: str, result: RunResult | None) -> None:
+    if result is not None:
+      self.found[os.path.relpath(trial_dir, self.workdir)] = result
+    hparams_config.write_experiment_config(self.workdir, self.found.values())
+
+
 def _update_hparams_config(workdir: str) -> None:
   found = [r for _, r in results.find_results(workdir)]
   hparams_config.write_experiment_config(workdir, found)
@@ -230,6 +245,8 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     else:
       pending.append((i, trial, trial_dir))
 
+  table = _HParamsTable(workdir)
+
   def finish(i: int, trial: Trial, exit_code: int | None, result: RunResult | None) -> None:
     _check_seed_reached_run(trial, result, sweep)
     status = result.status if result else FAILED
@@ -240,7 +257,7 @@ def run_sweep(gin_files: Sequence[str], sweep_path: str, workdir: str,
     log(_progress(i, n, trial, status, result, note))
     outcomes[i] = TrialOutcome(trial, status, False,
                                result.time_to_target_s if result else None, exit_code)
-    _update_hparams_config(workdir)
+    table.add(os.path.join(workdir, trial.name), result)
 
   if executor is not None:
     for _, trial, trial_dir in pending:
