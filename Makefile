@@ -105,7 +105,9 @@ data:
 # mean 691.8 s; over 720 s in one) with the engine's code left unconverted by AutoGraph
 # (2026-12-07; test-quick 120.2 s), 593.4-762.9 s (five runs, mean 648.5 s; over 720 s
 # in one, the VM 18% slower that hour) with conftest's full garbage collections cut from
-# 87 to 12 (2026-12-07; test-quick 111.9 s).
+# 87 to 12 (2026-12-07; test-quick 111.9 s); 596.2-604.4 s (two runs alternated with
+# the previous main's 582.7-587.4 s) with tf.custom_gradient's registrations dropped,
+# memory at peak 5.1-5.3 GiB against 8.4-8.5 (2026-12-07; test-quick 97.1 s).
 TEST_WORKERS ?= 2
 test: install data
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal tests; rc=$$?; \
