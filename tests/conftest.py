@@ -72,7 +72,7 @@ def collect_garbage_while_it_is_fresh():
   Before collecting, the test's tf.custom_gradient registrations are dropped: TensorFlow
   keeps each for good, and with it the whole graph traced through it
   (internals.forget_custom_gradients). Kept, they grew each xdist worker to 2.4
-  million objects and 3-4.5 GB, and the suite past 8 GiB.
+  million objects and 3-5 GB, and the suite past 8 GiB.
 
   Then glibc is asked to hand freed heap pages back to the system: the xdist
   workers otherwise keep every test's peak (TensorFlow's many threads each hold a
