@@ -34,6 +34,9 @@ whose internals moved, instead of letting the math change silently.
                     name-scope stack (the layer whose build makes a variable).
 """
 
+import contextlib
+from collections.abc import Iterable
+
 import keras
 import tensorflow as tf
 
@@ -149,24 +152,35 @@ def custom_gradient_names() -> frozenset[str]:
                    if name.startswith(_CUSTOM_GRADIENT_PREFIX))
 
 
-def forget_custom_gradients(keep: frozenset[str] = frozenset()) -> int:
-  """Removes from TensorFlow's global gradient registry every tf.custom_gradient
-  function but those named in keep; returns how many went.
+def forget_custom_gradients(names: Iterable[str]) -> int:
+  """Removes the named tf.custom_gradient functions from TensorFlow's global gradient
+  registry; returns how many went.
 
   Each graph-mode call of a tf.custom_gradient function (the engine's collectives and
   model-parallel exchanges, once per trace) registers its gradient under a fresh name
   and never removes it, and that closure holds the traced tensors, so every graph
   ever traced through one stays alive (tensorflow/tensorflow#97697, #27492): each
-  full-size plan kept 0.3 GiB (ResNet-50) or 1 GiB (SN-GAN 128) for good, and a test
-  worker grew to 4.5 GB. Call it once nothing will take a gradient through those
-  graphs again: the traces that registered them have finished.
+  full-size plan kept 0.3 GiB (ResNet-50) or 1 GiB (SN-GAN 128) for good, and test
+  workers grew to 3-5 GB. Forget a name once nothing will take a gradient through
+  its graph again: the trace that registered it has finished.
   """
   from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,import-outside-toplevel
   registry = ops._gradient_registry._registry   # pylint: disable=protected-access
-  gone = custom_gradient_names() - keep
+  gone = [name for name in names if name in registry]
   for name in gone:
     del registry[name]
   return len(gone)
+
+
+@contextlib.contextmanager
+def custom_gradients_forgotten():
+  """Forgets, on leaving, the custom gradients registered inside the block (traces
+  that end with it: a plan's traced step, a test's runs)."""
+  before = custom_gradient_names()
+  try:
+    yield
+  finally:
+    forget_custom_gradients(custom_gradient_names() - before)
 
 
 # -- tf.distribute: collective keys ----------------------------------------------------

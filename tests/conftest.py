@@ -79,9 +79,8 @@ def collect_garbage_while_it_is_fresh():
   malloc arena), and with launched clusters on top the suite neared CI's 8 GiB.
   """
   from replibench import internals  # pylint: disable=import-outside-toplevel
-  registered = internals.custom_gradient_names()
-  yield
-  internals.forget_custom_gradients(keep=registered)
+  with internals.custom_gradients_forgotten():
+    yield
   gc.collect()
   gc.freeze()
   if _LIBC is not None:
@@ -139,7 +138,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 def _collect_everything():
   from replibench import internals  # pylint: disable=import-outside-toplevel
-  internals.forget_custom_gradients(keep=internals.custom_gradient_names() - _GRADIENTS_TO_DROP)
+  internals.forget_custom_gradients(_GRADIENTS_TO_DROP)
   _GRADIENTS_TO_DROP.clear()
   gc.unfreeze()
   gc.collect()

@@ -95,7 +95,7 @@ def test_a_plan_leaves_no_custom_gradient_holding_its_traced_step(monkeypatch):
   for the process's life (internals.forget_custom_gradients)."""
   forgotten, forget = [], internals.forget_custom_gradients
   monkeypatch.setattr(internals, "forget_custom_gradients",
-                      lambda keep: forgotten.append(forget(keep)) or forgotten[-1])
+                      lambda names: forgotten.append(forget(names)) or forgotten[-1])
   before = internals.custom_gradient_names()
   make_plan(load_experiment([os.path.join(helpers.REPO, "configs/resnet/fashion_mnist.gin")], []))
   assert forgotten and forgotten[0] > 0

@@ -159,8 +159,8 @@ def test_strategies_made_one_after_another_use_their_own_collective_keys():
 def test_forgetting_custom_gradients_frees_the_graphs_that_registered_them():
   """tensorflow/tensorflow#97697: each trace through a tf.custom_gradient function
   registers its gradient for good, and with it every tensor of the traced graph.
-  internals.forget_custom_gradients is what frees them (tests/conftest.py after each
-  test, config/plan.py after its trace)."""
+  internals.forget_custom_gradients is what frees them (custom_gradients_forgotten:
+  tests/conftest.py around each test, config/plan.py around its trace)."""
   @tf.custom_gradient
   def doubles_its_gradient(x):
     return tf.identity(x), lambda dy: 2.0 * dy
@@ -181,7 +181,7 @@ def test_forgetting_custom_gradients_frees_the_graphs_that_registered_them():
   assert graph() is not None, (
       "TensorFlow no longer keeps a custom gradient's graph alive: "
       "internals.forget_custom_gradients may be unneeded on this version")
-  assert internals.forget_custom_gradients(keep=before) == 1
+  assert internals.forget_custom_gradients(internals.custom_gradient_names() - before) == 1
   gc.collect()
   assert graph() is None
   assert internals.custom_gradient_names() == before

@@ -23,14 +23,10 @@ def make_plan(experiment: Experiment) -> dict:
   """The plan as a JSON-able dict. Works for topologies this machine lacks."""
   # check_models, describe and the traced step read the models' structure alone: one
   # build serves all three (workloads/build_once.py).
-  registered = internals.custom_gradient_names()
-  try:
-    with build_once.shared():
-      return _plan(experiment)
-  finally:
-    # The traced step is read and dropped: its custom gradients' registrations would
-    # keep its graph alive for the process's life (0.3 GiB a full-size ResNet-50 plan).
-    internals.forget_custom_gradients(keep=registered)
+  # The traced step is read and dropped: its custom gradients' registrations would
+  # keep its graph alive for the process's life (0.3 GiB a full-size ResNet-50 plan).
+  with build_once.shared(), internals.custom_gradients_forgotten():
+    return _plan(experiment)
 
 
 def _plan(experiment: Experiment) -> dict:
